@@ -1,0 +1,34 @@
+"""One error format for the whole project: what was received, what was expected, what to do.
+
+`C2WUserError` is for bad input a user can fix (a profile, a tensor shape, a checkpoint); the CLI
+turns it into one line and exit code 2. Anything else escaping is a bug in c2w.
+"""
+from __future__ import annotations
+
+
+class C2WUserError(ValueError):
+    """Bad input from the user; the message names the thing, what came and what was expected."""
+
+    def __init__(self, what: str, received: object, expected: object, fix: str | None = None):
+        self.what, self.received, self.expected, self.fix = what, received, expected, fix
+        msg = f"{what}: received {received}; expected {expected}"
+        if fix:
+            msg += f". {fix}"
+        super().__init__(msg)
+
+
+class MissingBackendError(C2WUserError):
+    """An optional backend SDK (tensorrt, onnxruntime, ...) is not installed."""
+
+    def __init__(self, backend: str, package: str, how: str):
+        super().__init__(f"backend '{backend}'", f"no importable '{package}'", f"'{package}' installed", how)
+
+
+def check_shape(name: str, tensor, expected: tuple, dtype=None) -> None:
+    """Raise C2WUserError unless `tensor` has exactly `expected` shape (and dtype, if given)."""
+    got = tuple(tensor.shape)
+    if got != tuple(expected):
+        raise C2WUserError(f"tensor '{name}'", f"shape {got}", f"shape {tuple(expected)}",
+                           "Check the batch size, chunk length and cache lengths against the model config.")
+    if dtype is not None and tensor.dtype != dtype:
+        raise C2WUserError(f"tensor '{name}'", f"dtype {tensor.dtype}", f"dtype {dtype}")
