@@ -1,0 +1,240 @@
+"""The CFM estimator (a 16-block DiT) and the whole 10-step Euler solve with guidance.
+
+State-dict compatible with upstream `flow.pt` under `decoder.estimator.`. Written for export:
+every cache comes in and goes out as a tensor, nothing is mutated, the 10 timesteps are Python
+constants (so the solve unrolls into one static graph), and the timestep embedding and adaLN
+modulation are computed once per step for the whole batch (every row shares t).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.model.config import DiTConfig, ModelConfig
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+def euler_schedule(n_steps: int) -> tuple[list[float], list[float]]:
+    """(t, dt) per step of the cosine schedule t = 1 - cos(linspace(0, 1, n+1) * pi / 2).
+
+    Reproduces upstream's float32 recurrence (t += dt; dt = t_span[s+1] - t) bit for bit, so the
+    constants baked into an engine are the ones the reference uses.
+    """
+    span = 1 - torch.cos(torch.linspace(0, 1, n_steps + 1, dtype=torch.float32) * 0.5 * torch.pi)
+    t, dt = span[0].clone(), span[1] - span[0]
+    ts, dts = [], []
+    for s in range(1, n_steps + 1):
+        ts.append(t.item())
+        dts.append(dt.item())
+        t = t + dt
+        if s < n_steps:
+            dt = span[s + 1] - t
+    return ts, dts
+
+
+class TimestepEmbedder(nn.Module):
+    def __init__(self, hidden: int, freq_embed: int = 256):
+        super().__init__()
+        self.freq_embed = freq_embed
+        self.mlp = nn.Sequential(nn.Linear(freq_embed, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        """t: (N,) float32 in [0, 1] -> (N, hidden) in the weights' dtype.
+
+        The sinusoid is computed in float32 whatever the weights' dtype: t * 1000 has too few
+        mantissa bits in fp16.
+        """
+        half = self.freq_embed // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        args = (t.float() * 1000.0)[:, None] * freqs[None]
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        return self.mlp(emb.to(self.mlp[0].weight.dtype))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, head_dim: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        inner = heads * head_dim
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(dim, inner)
+        self.to_v = nn.Linear(dim, inner)
+        self.q_norm = nn.LayerNorm(head_dim)
+        self.k_norm = nn.LayerNorm(head_dim)
+        self.proj = nn.Linear(inner, dim)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)   # (b, h, t, d)
+
+    def forward(self, x: torch.Tensor, att_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (b, T, dim); att_cache: (b, h, L, 2d) = [k | v] -> out (b, T, dim), cache (b, h, T+L, 2d).
+
+        Upstream order: the chunk's keys come FIRST, then the cache; the chunk attends to all of
+        it without a mask.
+        """
+        b, t, _ = x.shape
+        q = self.q_norm(self._heads(self.to_q(x)))
+        k = self.k_norm(self._heads(self.to_k(x)))
+        v = self._heads(self.to_v(x))
+        k_cache, v_cache = att_cache.split(self.head_dim, dim=-1)
+        k = torch.cat([k, k_cache], dim=2)
+        v = torch.cat([v, v_cache], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v)
+        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        return self.proj(out), torch.cat([k, v], dim=-1)
+
+
+class CausalConvBlock(nn.Module):
+    """conv(k=3, causal) -> LayerNorm -> Mish -> conv(k=3, causal), each conv with a 2-frame cache.
+
+    Indices 1, 3 and 6 of `block` hold the parameters so that keys match upstream
+    (`conv.block.1`, `conv.block.3`, `conv.block.6`); the other slots are placeholders.
+    """
+
+    def __init__(self, channels: int, kernel: int = 3):
+        super().__init__()
+        self.channels, self.context = channels, kernel - 1
+        self.block = nn.Sequential(
+            nn.Identity(), nn.Conv1d(channels, channels, kernel), nn.Identity(),
+            nn.LayerNorm(channels), nn.Mish(), nn.Identity(),
+            nn.Conv1d(channels, channels, kernel), nn.Identity(),
+        )
+
+    def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (b, T, c); cnn_cache: (b, 2c, 2) -> y (b, T, c), new cache (b, 2c, 2)."""
+        c1, c2 = cnn_cache.split(self.channels, dim=1)
+        h = torch.cat([c1, x.transpose(1, 2)], dim=2)
+        new1 = h[..., -self.context:]
+        h = self.block[1](h)
+        h = self.block[4](self.block[3](h.transpose(1, 2))).transpose(1, 2)
+        h = torch.cat([c2, h], dim=2)
+        new2 = h[..., -self.context:]
+        h = self.block[6](h)
+        return h.transpose(1, 2), torch.cat([new1, new2], dim=1)
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        d = cfg.hidden
+        self.norm1 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(d, cfg.heads, cfg.head_dim)
+        self.norm2 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.mlp = MLP(d, int(d * cfg.mlp_ratio))
+        self.norm3 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.conv = CausalConvBlock(d)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(d, 9 * d))
+
+    def forward(self, x, temb, cnn_cache, att_cache):
+        """x: (b, T, d); temb: (1 or b, 1, d); caches as in Attention / CausalConvBlock."""
+        (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
+         shift_conv, scale_conv, gate_conv) = self.adaLN_modulation(temb).chunk(9, dim=-1)
+        a, new_att = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache)
+        x = x + gate_msa * a
+        c, new_cnn = self.conv(modulate(self.norm3(x), shift_conv, scale_conv), cnn_cache)
+        x = x + gate_conv * c
+        x = x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return x, new_cnn, new_att
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, hidden: int, out_channels: int):
+        super().__init__()
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 2 * hidden))
+        self.norm_final = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(hidden, out_channels)
+
+    def forward(self, x, temb):
+        shift, scale = self.adaLN_modulation(temb).chunk(2, dim=-1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+class DiT(nn.Module):
+    """The velocity estimator. Parameter names match upstream `decoder.estimator.*`."""
+
+    def __init__(self, cfg: DiTConfig, out_channels: int = 80):
+        super().__init__()
+        self.cfg = cfg
+        self.t_embedder = TimestepEmbedder(cfg.hidden, cfg.freq_embed)
+        self.in_proj = nn.Linear(cfg.in_channels, cfg.hidden)
+        self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.depth)])
+        self.final_layer = FinalLayer(cfg.hidden, out_channels)
+
+    def forward(self, h_in: torch.Tensor, t: float, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
+        """One velocity evaluation.
+
+        h_in: (2B, 320, T) = [x ; mu ; spk ; cond] channels, in the weights' dtype
+        t: the step's time (a Python float: one graph per step, constant-folded)
+        cnn_cache: (depth, 2B, 2*hidden, 2); att_cache: (depth, 2B, heads, L, 2*head_dim)
+        -> v (2B, 80, T), new cnn cache (depth, 2B, 2*hidden, 2), new att cache (depth, 2B, heads, T+L, 2*head_dim)
+        """
+        temb = self.t_embedder(torch.full((1,), t, dtype=torch.float32, device=h_in.device)).unsqueeze(1)
+        x = self.in_proj(h_in.transpose(1, 2))
+        cnns, atts = [], []
+        for i, block in enumerate(self.blocks):
+            x, c, a = block(x, temb, cnn_cache[i], att_cache[i])
+            cnns.append(c)
+            atts.append(a)
+        v = self.final_layer(x, temb).transpose(1, 2)
+        return v, torch.stack(cnns), torch.stack(atts)
+
+
+class CFMSolver(nn.Module):
+    """The whole n-step Euler solve with classifier-free guidance (one exported unit).
+
+    Holds references to the estimator and the speaker projection of a FlowModel (no copies).
+    Rows [0, B) of every estimator cache are the conditional half, rows [B, 2B) the
+    unconditional one (mu, spk and cond zeroed), as upstream lays them out.
+    """
+
+    def __init__(self, estimator: DiT, spk_affine: nn.Linear, cfg: ModelConfig):
+        super().__init__()
+        self.estimator = estimator
+        self.spk_embed_affine_layer = spk_affine
+        self.cfg_rate = cfg.cfg_rate
+        self.ts, self.dts = euler_schedule(cfg.n_timesteps)
+
+    def forward(self, mu, spk, cond, x0, cnn_cache, att_cache):
+        """mu, cond, x0: (B, 80, T) float32; spk: (B, 192) float32 (raw CAM++ embedding);
+        cnn_cache: (steps, depth, 2B, 2*hidden, 2), att_cache: (steps, depth, 2B, heads, L, 2*head_dim)
+        in the weights' dtype.
+        -> mel (B, 80, T) float32, new cnn cache, new att cache (steps, depth, 2B, heads, T+L, 2*head_dim).
+        """
+        wdtype = self.estimator.in_proj.weight.dtype
+        B, _, T = mu.shape
+        spk = self.spk_embed_affine_layer(F.normalize(spk, dim=1).to(wdtype))        # (B, 80)
+        zeros = torch.zeros_like(mu, dtype=wdtype)
+        static = torch.cat([
+            torch.cat([mu.to(wdtype), zeros], 0),
+            torch.cat([spk, torch.zeros_like(spk)], 0).unsqueeze(-1).expand(-1, -1, T),
+            torch.cat([cond.to(wdtype), zeros], 0),
+        ], dim=1)                                                                     # (2B, 240, T)
+        x = x0.float()
+        cnns, atts = [], []
+        for s, (t, dt) in enumerate(zip(self.ts, self.dts)):
+            xw = x.to(wdtype)
+            h_in = torch.cat([torch.cat([xw, xw], 0), static], dim=1)
+            v, c, a = self.estimator(h_in, t, cnn_cache[s], att_cache[s])
+            v_cond, v_uncond = v.float().chunk(2, dim=0)
+            x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
+            cnns.append(c)
+            atts.append(a)
+        return x, torch.stack(cnns), torch.stack(atts)
