@@ -1,0 +1,187 @@
+"""Streaming Code2Wav for a batch of B streams with equal shapes (upstream token2wav semantics).
+
+    driver = StreamDriver(model, runner)          # runner: EagerRunner or an EngineCache
+    state = driver.setup(prompt_tokens, prompt_mel, spk)
+    pcm = driver.step(state, tokens)              # (B, samples) float32 in [-0.99, 0.99]
+    pcm = driver.step(state, tail_tokens, last=True)
+
+Per chunk: flow encoder -> CFM solve -> HiFT, each through `runner.run(ShapeKey, inputs)`, so the
+same driver serves eager and engines. Cache handling lives here: the CFM noise slice at the
+estimator cache length, the trim to P + 100 frames (estimator always, conformer optionally), and
+HiFT's 8-frame mel / 3840-sample source caches with the Hamming cross-fade.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.errors import C2WUserError, check_shape
+from runtime.units import DTYPE_NAMES, ShapeKey
+
+KEEP_RECENT = 100     # frames kept after the prompt when a cache is trimmed
+
+
+@dataclass
+class StreamState:
+    """Everything one batch of streams carries between chunks (all tensors on the model's device)."""
+    prompt_frames: int                 # P
+    spk: torch.Tensor                  # (B, 192) raw speaker embedding
+    conformer_cnn: torch.Tensor        # (B, width, 6)
+    conformer_att: torch.Tensor        # (blocks + up_blocks, B, heads, C, 2 d_k)
+    estimator_cnn: torch.Tensor        # (steps, depth, 2B, 2 hidden, 2)
+    estimator_att: torch.Tensor        # (steps, depth, 2B, heads, L, 2 head_dim)
+    hift_mel: torch.Tensor             # (B, 80, 0 or 8)
+    hift_source: torch.Tensor          # (B, 1, 0 or 3840)
+    hift_speech: torch.Tensor          # (B, 0 or 3840)
+    generator: torch.Generator         # HiFT excitation noise
+    chunks: int = 0
+    finished: bool = False
+
+    @property
+    def batch(self) -> int:
+        return self.spk.shape[0]
+
+
+def trim_cache(cache: torch.Tensor, dim: int, prompt_frames: int) -> torch.Tensor:
+    """Upstream's rule: once the cache passes P + 100 frames keep its first P and last 100."""
+    n = cache.shape[dim]
+    if n <= prompt_frames + KEEP_RECENT:
+        return cache
+    return torch.cat([cache.narrow(dim, 0, prompt_frames), cache.narrow(dim, n - KEEP_RECENT, KEEP_RECENT)], dim)
+
+
+@dataclass
+class StreamDriver:
+    model: object                                   # runtime.model.weights.Code2Wav
+    runner: object                                  # .run(ShapeKey, inputs) -> outputs
+    trim_conformer: bool = False                    # MiniCPM-o trims it too; step-audio2 1.0 does not
+    seed: int = 0
+    _window: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+    def _dtype(self, component: str) -> torch.dtype:
+        return next(self.model.component_modules()[component][0].parameters()).dtype
+
+    def _key(self, component: str, *dims: int) -> ShapeKey:
+        return ShapeKey(component, tuple(int(d) for d in dims), DTYPE_NAMES[self._dtype(component)])
+
+    def _fade_window(self, device) -> torch.Tensor:
+        n = 2 * self.cfg.hift_source_cache
+        if device not in self._window:
+            self._window[device] = torch.hamming_window(n, periodic=False, dtype=torch.float64).float().to(device)
+        return self._window[device]
+
+    def _device(self):
+        return next(self.model.flow.parameters()).device
+
+    def _check_tokens(self, name: str, tokens: torch.Tensor, batch: int | None, min_len: int) -> None:
+        if tokens.dtype not in (torch.int32, torch.int64):
+            raise C2WUserError(f"tensor '{name}'", f"dtype {tokens.dtype}", "torch.int64 (or int32) token ids")
+        if tokens.dim() != 2 or (batch is not None and tokens.shape[0] != batch) or tokens.shape[1] < min_len:
+            raise C2WUserError(f"tensor '{name}'", f"shape {tuple(tokens.shape)}",
+                               f"(B{'=' + str(batch) if batch else ''}, N >= {min_len})")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise C2WUserError(f"tensor '{name}'", f"token ids in [{lo}, {hi}]",
+                               f"ids in [0, {self.cfg.vocab_size - 1}]")
+
+    # ------------------------------------------------------------------ prompt setup (eager)
+    @torch.inference_mode()
+    def setup(self, prompt_tokens: torch.Tensor, prompt_mel: torch.Tensor, spk: torch.Tensor,
+              lookahead: torch.Tensor | None = None) -> StreamState:
+        """prompt_tokens: (B, P/2) int; prompt_mel: (B, P, 80) float; spk: (B, 192) float.
+
+        lookahead: (B, 3) tokens appended as the prompt's lookahead; upstream passes the prompt's
+        first 3 tokens, which is the default. Runs eagerly (once per voice).
+        """
+        cfg, dev = self.cfg, self._device()
+        self._check_tokens("prompt_tokens", prompt_tokens, None, 1)
+        B, n_tok = prompt_tokens.shape
+        P = n_tok * cfg.up_rate
+        check_shape("prompt_mel", prompt_mel, (B, P, cfg.mel_bins))
+        check_shape("spk", spk, (B, cfg.spk_embed_dim))
+        la = prompt_tokens[:, : cfg.encoder.pre_lookahead] if lookahead is None else lookahead
+        tokens = torch.cat([prompt_tokens, la], 1).to(dev, torch.int64)
+        enc_dtype, cfm_dtype = self._dtype("flow_encoder"), self._dtype("cfm")
+        mu, ccnn, catt = self.model.flow.encode(tokens, None, None, last_chunk=False)
+        d = cfg.dit
+        est_cnn = torch.zeros(cfg.n_timesteps, d.depth, 2 * B, 2 * d.hidden, 2, device=dev, dtype=cfm_dtype)
+        est_att = torch.zeros(cfg.n_timesteps, d.depth, 2 * B, d.heads, 0, 2 * d.head_dim, device=dev, dtype=cfm_dtype)
+        spk = spk.to(dev, torch.float32)
+        x0 = self.model.flow.noise[:, :, :P].expand(B, -1, -1).to(dev)
+        solver = self.model.flow.solver()
+        _, est_cnn, est_att = solver(mu.float(), spk, prompt_mel.to(dev, torch.float32).transpose(1, 2),
+                                     x0, est_cnn, est_att)
+        g = torch.Generator(device=dev).manual_seed(self.seed)
+        empty = torch.zeros(B, 0, device=dev)
+        return StreamState(P, spk, ccnn.to(enc_dtype), catt.to(enc_dtype), est_cnn, est_att,
+                           hift_mel=torch.zeros(B, cfg.mel_bins, 0, device=dev),
+                           hift_source=torch.zeros(B, 1, 0, device=dev), hift_speech=empty, generator=g)
+
+    # ------------------------------------------------------------------ one chunk
+    @torch.inference_mode()
+    def step(self, state: StreamState, tokens: torch.Tensor, last: bool = False,
+             hift_noise: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens: (B, N) int; non-final chunks end with 3 lookahead tokens (the next chunk
+        starts with them), so they yield 2 (N - 3) mel frames; the last chunk yields 2 N.
+
+        hift_noise: optional (B, 480 F, 9) excitation noise (tests pass the oracle's draw);
+        by default it is drawn from the state's generator.
+        Returns (B, samples) float32 PCM: 480 per mel frame, less the 3840 held back for the
+        cross-fade on non-final chunks (all of it on the last).
+        """
+        if state.finished:
+            raise C2WUserError("stream state", "a state whose last chunk was already run",
+                               "a live state", "Call setup() again for a new utterance.")
+        cfg, B, dev = self.cfg, state.batch, self._device()
+        la = cfg.encoder.pre_lookahead
+        self._check_tokens("tokens", tokens, B, 1 if last else la + 1)
+        tokens = tokens.to(dev, torch.int64)
+
+        # flow encoder
+        C = state.conformer_att.shape[3]
+        mu, state.conformer_cnn, state.conformer_att = self.runner.run(
+            self._key("flow_encoder", B, tokens.shape[1], C, int(last)),
+            [tokens, state.conformer_cnn, state.conformer_att])
+        T = mu.shape[2]
+
+        # CFM
+        L = state.estimator_att.shape[4]
+        if L + T > cfg.noise_frames:
+            raise C2WUserError("estimator cache", f"{L + T} frames", f"at most {cfg.noise_frames} (the noise table)")
+        x0 = self.model.flow.noise[:, :, L:L + T].expand(B, -1, -1).to(dev)
+        cond = torch.zeros(B, cfg.mel_bins, T, device=dev)
+        mel, state.estimator_cnn, state.estimator_att = self.runner.run(
+            self._key("cfm", B, T, L), [mu, state.spk, cond, x0, state.estimator_cnn, state.estimator_att])
+        state.estimator_att = trim_cache(state.estimator_att, 4, state.prompt_frames)
+        if self.trim_conformer:
+            state.conformer_att = trim_cache(state.conformer_att, 3, state.prompt_frames)
+
+        # HiFT
+        pcm = self._vocode(state, mel, last, hift_noise)
+        state.chunks += 1
+        state.finished = last
+        return pcm
+
+    def _vocode(self, state: StreamState, mel: torch.Tensor, last: bool, noise) -> torch.Tensor:
+        cfg, B = self.cfg, state.batch
+        spf, n_src = cfg.hift.samples_per_frame, cfg.hift_source_cache
+        mel = torch.cat([state.hift_mel, mel], dim=2)
+        F_, S = mel.shape[2], state.hift_source.shape[2]
+        if noise is None:
+            noise = torch.randn(B, F_ * spf, cfg.hift.nb_harmonics + 1, generator=state.generator, device=mel.device)
+        inputs = [mel, noise] + ([state.hift_source] if S else [])
+        speech, source = self.runner.run(self._key("hift", B, F_, S), inputs)
+        if state.hift_speech.shape[1]:
+            w = self._fade_window(speech.device)
+            head = speech[:, :n_src] * w[:n_src] + state.hift_speech * w[n_src:]
+            speech = torch.cat([head, speech[:, n_src:]], dim=1)
+        state.hift_mel = mel[:, :, -cfg.hift_mel_cache:]
+        state.hift_source = source[:, :, -n_src:]
+        state.hift_speech = speech[:, -n_src:]
+        return speech if last else speech[:, :-n_src]

@@ -1,0 +1,213 @@
+"""The three exported units, declared as specs, and the ShapeKey that names one exact shape.
+
+A spec says, for one component: the names of its key dims, how to build the unit module for a
+key (a thin wrapper sharing the eager model's weights), the input/output names, example inputs
+for a key, and the parity tolerance. Exporter, runtime and tests all go through these specs;
+nothing else special-cases a component.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from runtime.errors import C2WUserError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def dtype_of(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise C2WUserError("dtype", repr(name), f"one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass(frozen=True, order=True)
+class ShapeKey:
+    """One exact shape of one component: (component, dims in the spec's order, dtype name)."""
+    component: str
+    dims: tuple[int, ...]
+    dtype: str
+
+    @property
+    def id(self) -> str:
+        names = SPECS[self.component].dim_names
+        return f"{self.component}-" + "-".join(f"{n}{v}" for n, v in zip(names, self.dims)) + f"-{self.dtype}"
+
+    def dim(self, name: str) -> int:
+        return self.dims[SPECS[self.component].dim_names.index(name)]
+
+    def to_dict(self) -> dict:
+        return {"component": self.component, "dtype": self.dtype,
+                **dict(zip(SPECS[self.component].dim_names, self.dims))}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShapeKey":
+        comp = d.get("component")
+        if comp not in SPECS:
+            raise C2WUserError("shape key component", repr(comp), f"one of {sorted(SPECS)}")
+        names = SPECS[comp].dim_names
+        missing = [n for n in names if n not in d]
+        if missing:
+            raise C2WUserError(f"shape key for {comp}", f"no {missing}", f"all of {list(names)}")
+        return cls(comp, tuple(int(d[n]) for n in names), d.get("dtype", "float32"))
+
+
+# ----------------------------------------------------------------------------------------------
+# unit modules: tensors in, tensors out, no state
+
+
+class FlowEncoderUnit(nn.Module):
+    """Holds only the encoder's modules, so an exported graph carries only their weights."""
+
+    def __init__(self, model, last_chunk: bool):
+        super().__init__()
+        f = model.flow
+        self.input_embedding, self.encoder, self.encoder_proj = f.input_embedding, f.encoder, f.encoder_proj
+        self.last_chunk = last_chunk
+
+    def forward(self, tokens, cnn_cache, att_cache):
+        xs = self.input_embedding(tokens)
+        h, cnn, att = self.encoder.forward_chunk(xs, cnn_cache, att_cache, self.last_chunk)
+        return self.encoder_proj(h).transpose(1, 2).float(), cnn, att
+
+
+class CFMUnit(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.solver = model.flow.solver()
+
+    def forward(self, mu, spk, cond, x0, cnn_cache, att_cache):
+        return self.solver(mu, spk, cond, x0, cnn_cache, att_cache)
+
+
+class HiftUnit(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.hift = model.hift
+
+    def forward(self, mel, noise, source_cache=None):
+        return self.hift(mel, noise, source_cache)
+
+
+# ----------------------------------------------------------------------------------------------
+# specs
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    name: str
+    dim_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    input_names: Callable[[ShapeKey], tuple[str, ...]]
+    input_shapes: Callable[[object, ShapeKey], tuple[tuple[int, ...], ...]]   # (cfg, key)
+    input_dtypes: Callable[[ShapeKey], tuple[torch.dtype, ...]]
+    build: Callable[[object, ShapeKey], nn.Module]                          # (Code2Wav, key)
+    rtol: dict                                                              # dtype name -> rel-L2 bound
+
+    def example_inputs(self, cfg, key: ShapeKey, generator: torch.Generator | None = None,
+                       device="cpu") -> list[torch.Tensor]:
+        """Random inputs of the key's exact shapes (tokens within the vocab, caches ~ N(0, 0.5))."""
+        g = generator or torch.Generator().manual_seed(0)
+        out = []
+        for name, shape, dtype in zip(self.input_names(key), self.input_shapes(cfg, key), self.input_dtypes(key)):
+            if dtype == torch.int64:
+                t = torch.randint(0, cfg.vocab_size, shape, generator=g)
+            elif name == "cond":
+                t = torch.zeros(shape)           # streaming chunks condition on nothing
+            else:
+                t = torch.randn(shape, generator=g) * (0.5 if "cache" in name else 1.0)
+            out.append(t.to(device=device, dtype=dtype))
+        return out
+
+    def tolerance(self, key: ShapeKey) -> float:
+        return self.rtol[key.dtype]
+
+
+def _enc_shapes(cfg, k: ShapeKey):
+    B, N, C, _ = k.dims
+    e = cfg.encoder
+    return ((B, N), (B, e.width, 2 + 2 * e.up_stride), (e.blocks + e.up_blocks, B, e.heads, C, 2 * e.d_k))
+
+
+def _cfm_shapes(cfg, k: ShapeKey):
+    B, T, L = k.dims
+    m, d = cfg.mel_bins, cfg.dit
+    return ((B, m, T), (B, cfg.spk_embed_dim), (B, m, T), (B, m, T),
+            (cfg.n_timesteps, d.depth, 2 * B, 2 * d.hidden, 2),
+            (cfg.n_timesteps, d.depth, 2 * B, d.heads, L, 2 * d.head_dim))
+
+
+def _hift_shapes(cfg, k: ShapeKey):
+    B, F, S = k.dims
+    h = cfg.hift
+    shapes = ((B, cfg.mel_bins, F), (B, F * h.samples_per_frame, h.nb_harmonics + 1))
+    return shapes + (((B, 1, S),) if S else ())
+
+
+_F32_ONLY = {"float32": 1e-4}
+_MIXED = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+
+SPECS: dict[str, UnitSpec] = {
+    "flow_encoder": UnitSpec(
+        name="flow_encoder", dim_names=("B", "N", "C", "last"),
+        output_names=("mu", "new_cnn_cache", "new_att_cache"),
+        input_names=lambda k: ("tokens", "cnn_cache", "att_cache"),
+        input_shapes=_enc_shapes,
+        input_dtypes=lambda k: (torch.int64, dtype_of(k.dtype), dtype_of(k.dtype)),
+        build=lambda model, k: FlowEncoderUnit(model, bool(k.dims[3])),
+        rtol=_MIXED),
+    "cfm": UnitSpec(
+        name="cfm", dim_names=("B", "T", "L"),
+        output_names=("mel", "new_cnn_cache", "new_att_cache"),
+        input_names=lambda k: ("mu", "spk", "cond", "x0", "cnn_cache", "att_cache"),
+        input_shapes=_cfm_shapes,
+        input_dtypes=lambda k: (torch.float32,) * 4 + (dtype_of(k.dtype),) * 2,
+        build=lambda model, k: CFMUnit(model),
+        rtol=_MIXED),
+    "hift": UnitSpec(
+        name="hift", dim_names=("B", "F", "S"),
+        output_names=("speech", "source"),
+        input_names=lambda k: ("mel", "noise") + (("source_cache",) if k.dims[2] else ()),
+        input_shapes=_hift_shapes,
+        input_dtypes=lambda k: (torch.float32,) * (3 if k.dims[2] else 2),
+        build=lambda model, k: HiftUnit(model),
+        rtol=_F32_ONLY),
+}
+
+
+def spec(component: str) -> UnitSpec:
+    if component not in SPECS:
+        raise C2WUserError("component", repr(component), f"one of {sorted(SPECS)}")
+    return SPECS[component]
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64 (0 when both are zero)."""
+    a, b = a.double(), b.double()
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    return num / den if den > 0 else num
+
+
+class EagerRunner:
+    """Runs unit modules eagerly. The engine cache (runtime.cache) has the same `run` method and
+    falls back to one of these for shapes it has no engine for."""
+
+    def __init__(self, model):
+        self.model = model
+        self._units: dict[tuple, nn.Module] = {}
+
+    def unit(self, key: ShapeKey) -> nn.Module:
+        # Unit modules are thin wrappers; one per (component, last-chunk flag) suffices.
+        k = (key.component, key.dims[3] if key.component == "flow_encoder" else 0)
+        if k not in self._units:
+            self._units[k] = SPECS[key.component].build(self.model, key).eval()
+        return self._units[k]
+
+    @torch.inference_mode()
+    def run(self, key: ShapeKey, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(self.unit(key)(*inputs))
