@@ -1,0 +1,138 @@
+"""Sweep planning: the exact ShapeKeys a profile's streams hit, their byte estimates, the budget cut.
+
+The schedule is simulated the way runtime.stream drives a stream: prompt P frames, then chunks of
+N tokens (2 (N - 3) mel frames each); the estimator cache goes P -> P+T -> ... and is trimmed to
+P + 100 (the conformer cache too when `trim_conformer`); HiFT sees T frames with no cache first,
+then T + 8 frames with the 3840-sample source cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.model.config import ModelConfig
+from runtime.stream import KEEP_RECENT
+from runtime.units import DTYPES, SPECS, ShapeKey
+
+ACTIVATION_FACTOR = 4      # workspace estimate: this many times the key's I/O bytes
+
+
+@dataclass(frozen=True)
+class PlannedKey:
+    key: ShapeKey
+    category: str                 # first | steady | tail | extra
+    est_bytes: int                # per-key device bytes (I/O + workspace), weights excluded
+    selected: bool = False
+
+
+@dataclass
+class Plan:
+    entries: list[PlannedKey]
+    weight_bytes: dict[str, int]          # per component, counted once
+    budget_bytes: int
+    shares_weights: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def selected(self) -> list[PlannedKey]:
+        return [e for e in self.entries if e.selected]
+
+    @property
+    def skipped(self) -> list[PlannedKey]:
+        return [e for e in self.entries if not e.selected]
+
+    def planned_total(self) -> int:
+        comps = {e.key.component for e in self.selected}
+        weights = sum(self.weight_bytes[c] for c in comps) if self.shares_weights else \
+            sum(self.weight_bytes[e.key.component] for e in self.selected)
+        return weights + sum(e.est_bytes for e in self.selected)
+
+
+def _trim(n: int, prompt: int) -> int:
+    return n if n <= prompt + KEEP_RECENT else prompt + KEEP_RECENT
+
+
+def stream_keys(cfg: ModelConfig, profile) -> list[tuple[str, ShapeKey]]:
+    """(category, key) for every chunk of every (batch, chunk size) stream, in stream order."""
+    s, prec = profile.schedule, profile.precision
+    hift_cache = cfg.hift_source_cache
+    out = []
+    for B in s.batch_sizes:
+        for N in s.chunk_tokens:
+            T = cfg.up_rate * (N - cfg.encoder.pre_lookahead)
+            C = L = s.prompt_frames
+            for i in range(s.max_chunks):
+                cat = "first" if i == 0 else "steady"
+                out.append((cat, ShapeKey("flow_encoder", (B, N, C, 0), prec.flow_encoder)))
+                out.append((cat, ShapeKey("cfm", (B, T, L), prec.cfm)))
+                out.append((cat, ShapeKey("hift", (B, T, 0) if i == 0 else (B, T + cfg.hift_mel_cache, hift_cache),
+                                          prec.hift)))
+                C = _trim(C + T, s.prompt_frames) if s.trim_conformer else C + T
+                L = _trim(L + T, s.prompt_frames)
+            for n in s.tail_tokens:        # the final chunk, after the steady state
+                Tt = cfg.up_rate * n
+                out.append(("tail", ShapeKey("flow_encoder", (B, n, C, 1), prec.flow_encoder)))
+                out.append(("tail", ShapeKey("cfm", (B, Tt, L), prec.cfm)))
+                out.append(("tail", ShapeKey("hift", (B, Tt + cfg.hift_mel_cache, hift_cache), prec.hift)))
+    out += [("extra", k) for k in profile.extra_keys]
+    return out
+
+
+def io_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
+    spec = SPECS[key.component]
+    total = 0
+    for shape, dt in zip(spec.input_shapes(cfg, key), spec.input_dtypes(key)):
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * dt.itemsize
+    return 2 * total           # outputs are about the inputs' size (caches grow by T frames)
+
+
+def weight_bytes(model) -> dict[str, int]:
+    out = {}
+    for comp, mods in model.component_modules().items():
+        seen, n = set(), 0
+        for m in mods:
+            for t in list(m.parameters()) + list(m.buffers()):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    n += t.numel() * t.element_size()
+        out[comp] = n
+    return out
+
+
+def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights: bool = True) -> Plan:
+    """Order keys by the profile's priority (then small batches first) and select within budget.
+
+    weights: per-component weight bytes at the profile's precision (see weight_bytes).
+    """
+    first_cat: dict[ShapeKey, str] = {}
+    rank = {c: i for i, c in enumerate(profile.priority)}
+    for cat, key in stream_keys(cfg, profile):
+        if key not in first_cat or rank[cat] < rank[first_cat[key]]:
+            first_cat[key] = cat
+    ordered = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dims[0], k.component, k.dims))
+    entries, used, charged = [], 0, set()
+    for key in ordered:
+        est = ACTIVATION_FACTOR * io_bytes(cfg, key)
+        w = 0 if (shares_weights and key.component in charged) else weights[key.component]
+        ok = used + w + est <= profile.budget_bytes
+        if ok:
+            used += w + est
+            charged.add(key.component)
+        entries.append(PlannedKey(key, first_cat[key], est, ok))
+    plan = Plan(entries, weights, profile.budget_bytes, shares_weights)
+    if not any(e.selected for e in entries):
+        plan.notes.append("the budget fits no key: everything will be served eagerly")
+    return plan
+
+
+def precision_weights(model, profile) -> dict[str, int]:
+    """Weight bytes per component at the profile's dtypes (the eager model is fp32 on CPU)."""
+    w32 = weight_bytes(model)
+    return {c: w32[c] * DTYPES[profile.precision.dtype(c)].itemsize // 4 for c in w32}
+
+
+def dims_str(key: ShapeKey) -> str:
+    return " ".join(f"{n}={v}" for n, v in zip(SPECS[key.component].dim_names, key.dims))
+

@@ -1,0 +1,218 @@
+"""Export profiles: YAML -> one frozen `Profile`. The schema is documented in docs/profiles.md.
+
+Every default lives in the dataclasses below; a key set to null means "use the default".
+Unknown keys, wrong types and impossible values raise C2WUserError naming the file, the key,
+what was received and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from runtime.errors import C2WUserError
+from runtime.units import DTYPES, SPECS, ShapeKey
+
+BACKENDS = ("onnxruntime", "aoti", "tensorrt")
+DEVICES = ("cpu", "cuda")
+CATEGORIES = ("first", "steady", "tail", "extra")
+BUNDLED = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass(frozen=True)
+class Precision:
+    flow_encoder: str = "float32"
+    cfm: str = "float32"
+    hift: str = "float32"
+    tf32: bool = False
+
+    def dtype(self, component: str) -> str:
+        return getattr(self, component)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    prompt_frames: int = 300                 # P: mel frames of the prompt (50 Hz)
+    chunk_tokens: tuple[int, ...] = (28,)    # tokens per non-final chunk incl. 3 lookahead
+    batch_sizes: tuple[int, ...] = (1,)
+    tail_tokens: tuple[int, ...] = ()        # final-chunk lengths to build (else: eager)
+    trim_conformer: bool = True              # MiniCPM-o trims the conformer cache too
+    max_chunks: int = 8                      # chunks simulated per stream when planning
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: str = "random:tiny"
+    device: str = "cpu"
+    backend: str = "onnxruntime"
+    precision: Precision = field(default_factory=Precision)
+    budget_bytes: int = 8 << 30
+    schedule: Schedule = field(default_factory=Schedule)
+    extra_keys: tuple[ShapeKey, ...] = ()
+    priority: tuple[str, ...] = ("steady", "first", "tail", "extra")
+    workspace_bytes: int = 1 << 30           # TensorRT builder workspace limit
+    source: str = ""                         # file it was read from
+    digest: str = ""                         # sha256 of the file's canonical content
+
+    def with_overrides(self, **kw) -> "Profile":
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if "backend" in kw and kw["backend"] not in BACKENDS:
+            raise C2WUserError("--backend", repr(kw["backend"]), f"one of {list(BACKENDS)}")
+        return dataclasses.replace(self, **kw)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_bytes(v, where: str) -> int:
+    if isinstance(v, bool):
+        raise C2WUserError(where, repr(v), "a byte count such as 8589934592 or '8GiB'")
+    if isinstance(v, int):
+        n = v
+    elif isinstance(v, str) and (m := re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", v)) and m.group(2).lower() in _UNITS:
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise C2WUserError(where, repr(v), "a byte count such as 8589934592 or '8GiB'")
+    if n <= 0:
+        raise C2WUserError(where, repr(v), "a positive byte count")
+    return n
+
+
+def _check_keys(where: str, d, allowed) -> dict:
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        raise C2WUserError(where, f"{type(d).__name__} {d!r}", "a mapping")
+    unknown = sorted(set(d) - set(allowed))
+    if unknown:
+        raise C2WUserError(where, f"unknown key(s) {unknown}", f"keys among {sorted(allowed)}")
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _typed(where: str, v, typ, *, positive=False, choices=None):
+    ok = isinstance(v, typ) and not (typ is int and isinstance(v, bool))
+    if not ok:
+        raise C2WUserError(where, f"{type(v).__name__} {v!r}", typ.__name__)
+    if positive and v <= 0:
+        raise C2WUserError(where, repr(v), "a positive value")
+    if choices is not None and v not in choices:
+        raise C2WUserError(where, repr(v), f"one of {list(choices)}")
+    return v
+
+
+def _int_list(where: str, v, *, minimum=1) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise C2WUserError(where, repr(v), "a list of integers")
+    bad = [x for x in v if x < minimum]
+    if bad:
+        raise C2WUserError(where, f"{bad}", f"integers >= {minimum}")
+    return tuple(dict.fromkeys(v))
+
+
+def parse_profile(data: dict, source: str = "<dict>") -> Profile:
+    """Validate a profile mapping (as read from YAML) and build the frozen Profile."""
+    top = {f.name for f in dataclasses.fields(Profile)} - {"source", "digest"}
+    d = _check_keys(f"{source}", data, top)
+    w = lambda key: f"{source}: '{key}'"  # noqa: E731
+    kw: dict = {"name": _typed(w("name"), d.get("name", Path(source).stem), str)}
+    if "model" in d:
+        kw["model"] = _typed(w("model"), d["model"], str)
+    if "device" in d:
+        kw["device"] = _typed(w("device"), d["device"], str, choices=DEVICES)
+    if "backend" in d:
+        kw["backend"] = _typed(w("backend"), d["backend"], str, choices=BACKENDS)
+    if "budget_bytes" in d:
+        kw["budget_bytes"] = parse_bytes(d["budget_bytes"], w("budget_bytes"))
+    if "workspace_bytes" in d:
+        kw["workspace_bytes"] = parse_bytes(d["workspace_bytes"], w("workspace_bytes"))
+
+    p = _check_keys(w("precision"), d.get("precision"), {f.name for f in dataclasses.fields(Precision)})
+    for comp, v in p.items():
+        if comp == "tf32":
+            _typed(w("precision.tf32"), v, bool)
+        else:
+            _typed(w(f"precision.{comp}"), v, str, choices=sorted(DTYPES) if comp != "hift" else ["float32"])
+    kw["precision"] = Precision(**p)
+
+    s = _check_keys(w("schedule"), d.get("schedule"), {f.name for f in dataclasses.fields(Schedule)})
+    sk = {}
+    if "prompt_frames" in s:
+        pf = _typed(w("schedule.prompt_frames"), s["prompt_frames"], int, positive=True)
+        if pf % 2:
+            raise C2WUserError(w("schedule.prompt_frames"), pf, "an even number (2 mel frames per token)")
+        sk["prompt_frames"] = pf
+    if "chunk_tokens" in s:
+        sk["chunk_tokens"] = _int_list(w("schedule.chunk_tokens"), s["chunk_tokens"], minimum=4)
+    if "batch_sizes" in s:
+        sk["batch_sizes"] = _int_list(w("schedule.batch_sizes"), s["batch_sizes"])
+    if "tail_tokens" in s:
+        sk["tail_tokens"] = _int_list(w("schedule.tail_tokens"), s["tail_tokens"])
+    if "trim_conformer" in s:
+        sk["trim_conformer"] = _typed(w("schedule.trim_conformer"), s["trim_conformer"], bool)
+    if "max_chunks" in s:
+        sk["max_chunks"] = _typed(w("schedule.max_chunks"), s["max_chunks"], int, positive=True)
+    kw["schedule"] = Schedule(**sk)
+
+    if "extra_keys" in d:
+        if not isinstance(d["extra_keys"], list):
+            raise C2WUserError(w("extra_keys"), repr(d["extra_keys"]), "a list of mappings")
+        keys = []
+        for i, e in enumerate(d["extra_keys"]):
+            where = w(f"extra_keys[{i}]")
+            if not isinstance(e, dict):
+                raise C2WUserError(where, repr(e), "a mapping like {component: cfm, B: 1, T: 50, L: 300}")
+            comp = e.get("component")
+            if comp not in SPECS:
+                raise C2WUserError(f"{where}.component", repr(comp), f"one of {sorted(SPECS)}")
+            names = SPECS[comp].dim_names
+            _check_keys(where, e, {"component", *names})
+            missing = [n for n in names if n not in e]
+            if missing:
+                raise C2WUserError(where, f"no {missing}", f"all of {list(names)} for {comp}")
+            for n in names:
+                _typed(f"{where}.{n}", e[n], int)
+                if e[n] < (0 if n in ("C", "L", "S", "last") else 1):
+                    raise C2WUserError(f"{where}.{n}", e[n], "a positive size" if n not in ("C", "L", "S", "last")
+                                       else "a size >= 0")
+            dtype = kw["precision"].dtype(comp)
+            keys.append(ShapeKey(comp, tuple(e[n] for n in names), dtype))
+        kw["extra_keys"] = tuple(keys)
+
+    if "priority" in d:
+        pr = d["priority"]
+        if not isinstance(pr, list) or any(c not in CATEGORIES for c in pr) or len(set(pr)) != len(pr):
+            raise C2WUserError(w("priority"), repr(pr), f"a list of distinct categories from {list(CATEGORIES)}")
+        kw["priority"] = tuple(pr) + tuple(c for c in CATEGORIES if c not in pr)
+
+    canon = yaml.safe_dump(data, sort_keys=True).encode()
+    return Profile(source=source, digest=hashlib.sha256(canon).hexdigest()[:16], **kw)
+
+
+def resolve_profile_path(name: str | Path) -> Path:
+    """A path that exists is used as is; otherwise a bare name resolves to the bundled profiles/."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    for cand in (BUNDLED / p.name, BUNDLED / f"{p.name}.yaml"):
+        if cand.is_file():
+            return cand
+    known = sorted(x.stem for x in BUNDLED.glob("*.yaml"))
+    raise C2WUserError("profile", f"'{name}' (no such file, and not a bundled profile)",
+                       f"a YAML file path or one of the bundled names {known}")
+
+
+def load_profile(name: str | Path) -> Profile:
+    path = resolve_profile_path(name)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise C2WUserError(f"profile {path}", f"invalid YAML ({e})", "a YAML mapping") from e
+    if not isinstance(data, dict):
+        raise C2WUserError(f"profile {path}", f"{type(data).__name__}", "a YAML mapping at the top level")
+    return parse_profile(data, str(path))
