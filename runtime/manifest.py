@@ -1,0 +1,118 @@
+"""The artifact directory contract: `<out>/manifest.json` (versioned, written atomically).
+
+Written by the exporter, read by the runtime, `c2w report` and `c2w verify`. Users' CI parses it:
+change FORMAT_VERSION on any incompatible change; a reader treats another version as foreign.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from runtime.errors import C2WUserError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+STATUSES = ("built", "skipped_budget", "failed", "unsupported", "pending")
+
+
+@dataclass
+class Entry:
+    id: str
+    component: str
+    dims: dict                     # dim name -> int, in the spec's order
+    dtype: str
+    category: str                  # first | steady | tail | extra
+    status: str                    # see STATUSES
+    identity: str = ""             # hash of everything that determines the artifact
+    artifact: str | None = None    # path relative to the manifest's directory
+    artifact_bytes: int = 0
+    artifact_sha256: str = ""
+    est_bytes: int = 0             # planner estimate (per-key, weights excluded)
+    device_bytes: int | None = None    # measured after load + one run (see memory_kind)
+    memory_kind: str = ""          # "cuda" (torch.cuda allocated) or "host_rss"
+    build_seconds: float = 0.0
+    parity: dict = field(default_factory=dict)   # {"rel_l2": {output: value}, "tol": x, "passed": bool}
+    input_names: list = field(default_factory=list)
+    output_names: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)    # backend-specific (e.g. TensorRT profile index)
+    error: str | None = None
+
+
+@dataclass
+class Manifest:
+    profile: dict                  # name, digest, source
+    model: dict                    # spec, digest
+    backend: dict                  # name, version
+    torch_version: str
+    device: str                    # "cpu" or the GPU's name
+    precision: dict
+    budget_bytes: int
+    weight_bytes: dict             # per component, at the profile's precision
+    shared: dict = field(default_factory=dict)   # backend-specific shared files (e.g. ONNX weights)
+    entries: list[Entry] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+
+    def by_id(self) -> dict[str, Entry]:
+        return {e.id: e for e in self.entries}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Manifest":
+        d = dict(d)
+        d["entries"] = [Entry(**e) for e in d.get("entries", [])]
+        return cls(**d)
+
+
+def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
+    """Atomic: write a temp file in the same directory, fsync, rename over manifest.json."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(manifest.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_dir / MANIFEST)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out_dir / MANIFEST
+
+
+def read_manifest(out_dir: Path) -> Manifest:
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        raise C2WUserError("artifact directory", f"'{out_dir}' with no {MANIFEST}",
+                           "a directory written by `c2w export`", "Run `c2w export --profile ... --out DIR` first.")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise C2WUserError(f"manifest '{path}'", f"invalid JSON ({e})", "the JSON c2w export writes") from e
+    if d.get("format_version") != FORMAT_VERSION:
+        raise C2WUserError(f"manifest '{path}'", f"format_version {d.get('format_version')!r}",
+                           f"format_version {FORMAT_VERSION}", "Re-export with this version of c2w.")
+    return Manifest.from_dict(d)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def entry_identity(*, model_digest: str, key_id: str, backend: str, backend_version: str,
+                   torch_version: str, device: str, precision: dict) -> str:
+    """Canonical hash of everything that determines one artifact: equal identity => reusable."""
+    blob = json.dumps({"model": model_digest, "key": key_id, "backend": backend, "backend_version": backend_version,
+                       "torch": torch_version, "device": device, "precision": precision,
+                       "format": FORMAT_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
