@@ -13,7 +13,6 @@ from runtime.model.config import ModelConfig
 from runtime.stream import KEEP_RECENT
 from runtime.units import DTYPES, SPECS, ShapeKey
 
-ACTIVATION_FACTOR = 4      # workspace estimate: this many times the key's I/O bytes
 
 
 @dataclass(frozen=True)
@@ -77,15 +76,18 @@ def stream_keys(cfg: ModelConfig, profile) -> list[tuple[str, ShapeKey]]:
     return out
 
 
-def io_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
+def estimate_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
+    """Per-key device bytes, weights excluded: inputs + outputs (about the inputs' size, caches
+    grow by T frames) + a workspace as large as the largest input. A planning estimate only:
+    the manifest records the measured number after the build."""
     spec = SPECS[key.component]
-    total = 0
+    sizes = []
     for shape, dt in zip(spec.input_shapes(cfg, key), spec.input_dtypes(key)):
         n = 1
         for d in shape:
             n *= d
-        total += n * dt.itemsize
-    return 2 * total           # outputs are about the inputs' size (caches grow by T frames)
+        sizes.append(n * dt.itemsize)
+    return 2 * sum(sizes) + max(sizes)
 
 
 def weight_bytes(model) -> dict[str, int]:
@@ -114,7 +116,7 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
     ordered = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dims[0], k.component, k.dims))
     entries, used, charged = [], 0, set()
     for key in ordered:
-        est = ACTIVATION_FACTOR * io_bytes(cfg, key)
+        est = estimate_bytes(cfg, key)
         w = 0 if (shares_weights and key.component in charged) else weights[key.component]
         ok = used + w + est <= profile.budget_bytes
         if ok:

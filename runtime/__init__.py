@@ -1,0 +1,76 @@
+"""c2w runtime: what a serving process imports. It never compiles and never imports `exporter`.
+
+    import runtime
+    rt = runtime.load("artifacts/cpu")              # the model spec comes from the manifest
+    state = rt.setup(prompt_tokens, prompt_mel, spk) # once per voice (eager)
+    pcm = rt.step(state, tokens)                     # per chunk, B streams at once
+    pcm = rt.step(state, tail_tokens, last=True)
+    rt.stats()                                       # hits / misses / failures per key
+    rt.release()
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from runtime.cache import EngineCache
+from runtime.errors import C2WUserError
+from runtime.model.weights import Code2Wav, load_model
+from runtime.stream import StreamDriver, StreamState
+from runtime.units import SPECS, ShapeKey, dtype_of
+
+__all__ = ["Runtime", "load", "C2WUserError", "ShapeKey", "StreamState", "load_model"]
+
+
+class Runtime:
+    """An eager model, an engine cache over one artifact directory, and the streaming driver."""
+
+    def __init__(self, model: Code2Wav, cache: EngineCache, trim_conformer: bool = True, seed: int = 0):
+        self.model, self.cache = model, cache
+        self.driver = StreamDriver(model, cache, trim_conformer=trim_conformer, seed=seed)
+
+    def setup(self, prompt_tokens, prompt_mel, spk) -> StreamState:
+        return self.driver.setup(prompt_tokens, prompt_mel, spk)
+
+    def step(self, state: StreamState, tokens, last: bool = False) -> torch.Tensor:
+        return self.driver.step(state, tokens, last=last)
+
+    def stats(self) -> dict:
+        return self.cache.stats()
+
+    def release(self) -> None:
+        self.cache.release()
+
+
+def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: str | None = None,
+         *, lazy: bool = True, trim_conformer: bool | None = None) -> Runtime:
+    """Load an artifact directory for serving.
+
+    model: a model spec (checkpoint dir or 'random:...') or an already built Code2Wav; default:
+    the spec recorded in the manifest. device: default: the manifest's ('cpu' or 'cuda').
+    Precision follows the manifest. A directory that does not match is served eagerly (warning).
+    """
+    artifact_dir = Path(artifact_dir)
+    meta = {}
+    mpath = artifact_dir / "manifest.json"
+    if mpath.is_file():
+        try:
+            meta = json.loads(mpath.read_text())
+        except json.JSONDecodeError:
+            meta = {}          # EngineCache reports the broken manifest and serves eagerly
+    if model is None:
+        model = meta.get("model", {}).get("spec")
+        if model is None:
+            raise C2WUserError("runtime.load", f"no model and no readable manifest in '{artifact_dir}'",
+                               "a model spec (checkpoint dir or 'random:tiny') or an artifact directory")
+    if device is None:
+        device = "cpu" if meta.get("device", "cpu") == "cpu" else "cuda"
+    if isinstance(model, str):
+        model = load_model(model)
+        prec = meta.get("precision", {})
+        model.to(torch.device(device), {c: dtype_of(prec.get(c, "float32")) for c in SPECS})
+    if trim_conformer is None:
+        trim_conformer = bool(meta.get("schedule", {}).get("trim_conformer", True))
+    return Runtime(model, EngineCache(artifact_dir, model, device, lazy=lazy), trim_conformer=trim_conformer)

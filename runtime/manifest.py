@@ -52,6 +52,7 @@ class Manifest:
     precision: dict
     budget_bytes: int
     weight_bytes: dict             # per component, at the profile's precision
+    schedule: dict = field(default_factory=dict)  # the profile's streaming schedule (trim rule, P, ...)
     shared: dict = field(default_factory=dict)   # backend-specific shared files (e.g. ONNX weights)
     entries: list[Entry] = field(default_factory=list)
     format_version: int = FORMAT_VERSION

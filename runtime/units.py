@@ -148,7 +148,10 @@ def _hift_shapes(cfg, k: ShapeKey):
     return shapes + (((B, 1, S),) if S else ())
 
 
-_F32_ONLY = {"float32": 1e-4}
+# HiFT's NSF phase reaches ~1.7e5 rad at 58 frames (cumulative phase x 480 before the sine), where a
+# float32 ulp is ~0.016 rad: any backend that reorders the sums moves the sine by ~1e-3 relative.
+# Eager-vs-oracle parity (same op order) is held to 1e-4 in tests; engines to this bound.
+_HIFT = {"float32": 5e-3}
 _MIXED = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 SPECS: dict[str, UnitSpec] = {
@@ -175,7 +178,7 @@ SPECS: dict[str, UnitSpec] = {
         input_shapes=_hift_shapes,
         input_dtypes=lambda k: (torch.float32,) * (3 if k.dims[2] else 2),
         build=lambda model, k: HiftUnit(model),
-        rtol=_F32_ONLY),
+        rtol=_HIFT),
 }
 
 

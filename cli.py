@@ -1,0 +1,181 @@
+"""c2w command line. Thin: parse, call the library, print. User errors -> one line, exit code 2."""
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from runtime.errors import C2WUserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Ahead-of-time engines for the MiniCPM-o 4.5 Code2Wav stage.")
+console = Console()
+err = Console(stderr=True)
+
+
+def user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except C2WUserError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+    return wrapper
+
+
+def _quiet(verbose: bool) -> None:
+    """Keep third-party exporter chatter (torch.onnx registration notes, ORT constant-folding
+    notices, deprecation warnings) out of the user's terminal unless --verbose."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
+    if verbose:
+        return
+    import warnings
+    warnings.filterwarnings("ignore")
+    for name in ("torch.onnx", "torch._dynamo", "torch._inductor", "torch.export", "onnxscript"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import onnxruntime
+        onnxruntime.set_default_logger_severity(3)
+    except ImportError:
+        pass
+
+
+def _parse_shard(s: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in s.split("/"))
+        if 1 <= k <= n:
+            return k, n
+    except ValueError:
+        pass
+    raise C2WUserError("--shard", repr(s), "K/N with 1 <= K <= N, e.g. 2/8")
+
+
+@app.command()
+def version():
+    """Print c2w, torch and backend versions."""
+    import importlib.metadata as md
+    import torch
+    console.print(f"c2w {md.version('c2w') if _installed() else 'dev'}  torch {torch.__version__}")
+    for mod in ("onnxruntime", "tensorrt"):
+        try:
+            console.print(f"{mod} {__import__(mod).__version__}")
+        except ImportError:
+            console.print(f"{mod} not installed")
+
+
+def _installed() -> bool:
+    import importlib.metadata as md
+    try:
+        md.version("c2w")
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def _load(profile: str, backend: Optional[str], model: Optional[str]):
+    from exporter.profile import load_profile
+    return load_profile(profile).with_overrides(backend=backend, model=model)
+
+
+@app.command()
+@user_errors
+def plan(profile: str = typer.Option(..., "--profile", "-p", help="profile YAML or bundled name (cpu, h100, h200)"),
+         backend: Optional[str] = typer.Option(None, help="override the profile's backend"),
+         model: Optional[str] = typer.Option(None, help="override the profile's model spec")):
+    """Print the exact keys the profile's streams hit, their estimates and the budget cut."""
+    from exporter.plan import dims_str, make_plan, precision_weights
+    from runtime.model.weights import load_model
+    p = _load(profile, backend, model)
+    m = load_model(p.model)
+    pl = make_plan(m.cfg, p, precision_weights(m, p))
+    console.print(f"profile [bold]{p.name}[/] ({p.source}), model {p.model}, backend {p.backend}, "
+                  f"budget {p.budget_bytes / 2**20:.0f} MiB")
+    for c, w in pl.weight_bytes.items():
+        console.print(f"  weights {c}: {w / 2**20:.1f} MiB (once)")
+    for e in pl.entries:
+        mark = "build" if e.selected else "skip (budget)"
+        typer.echo(f"  {e.key.component:12s} {dims_str(e.key):28s} {e.key.dtype:8s} {e.category:6s} "
+                   f"est {e.est_bytes / 2**20:8.1f} MiB  {mark}")
+    console.print(f"{len(pl.selected)} keys to build, {len(pl.skipped)} skipped by budget; planned total "
+                  f"{pl.planned_total() / 2**20:.1f} MiB of {p.budget_bytes / 2**20:.0f} MiB")
+    for n in pl.notes:
+        console.print(f"note: {n}")
+
+
+@app.command()
+@user_errors
+def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAML or bundled name (cpu, h100, h200)"),
+           out: Optional[Path] = typer.Option(None, help="artifact directory (default artifacts/<profile name>)"),
+           backend: Optional[str] = typer.Option(None, help="override the profile's backend"),
+           model: Optional[str] = typer.Option(None, help="override the model spec: checkpoint dir or random:full|tiny"),
+           shard: str = typer.Option("1/1", help="build only shard K of N of the selected keys"),
+           dry_run: bool = typer.Option(False, "--dry-run", help="plan (and for tensorrt: check the ONNX graphs) only"),
+           verbose: bool = typer.Option(False, "--verbose", "-v")):
+    """Export every selected key of the profile as a verified exact-shape artifact."""
+    from exporter.export import export_profile
+    from exporter.report import render
+    _quiet(verbose)
+    p = _load(profile, backend, model)
+    out = out or Path("artifacts") / p.name
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        task = bar.add_task(f"export {p.name} ({p.backend})", total=None)
+
+        def progress(key_id: str, i: int, n: int):
+            bar.update(task, total=n, completed=i, description=f"building {key_id}")
+        res = export_profile(p, out, dry_run=dry_run, shard=_parse_shard(shard), on_progress=progress)
+        bar.update(task, completed=bar.tasks[0].total or 0, description="done")
+    if res.findings:
+        from exporter.trt_check import format_findings
+        console.print(format_findings(res.findings), highlight=False)
+    if dry_run:
+        console.print(f"dry run: {len(res.plan.selected)} keys would be built into {out}")
+        raise typer.Exit(res.exit_code)
+    console.print(render(res.manifest), highlight=False, soft_wrap=True)
+    console.print(f"{res.built} built, {res.reused} reused, {res.failed} failed -> {out / 'manifest.json'}")
+    raise typer.Exit(res.exit_code)
+
+
+@app.command()
+@user_errors
+def report(out: Path = typer.Argument(..., help="artifact directory"),
+           format: str = typer.Option("table", "--format", "-f", help="table | markdown | json"),
+           plot: Optional[Path] = typer.Option(None, help="write a PNG: memory per key against the budget")):
+    """Show which shapes got an engine, what each costs, and what the budget left to eager."""
+    from exporter import report as rep
+    from runtime.manifest import read_manifest
+    if format not in rep.FORMATS:
+        raise C2WUserError("--format", repr(format), f"one of {list(rep.FORMATS)}")
+    m = read_manifest(out)
+    typer.echo(rep.render(m, format))
+    if plot:
+        console.print(f"plot written to {rep.plot(m, plot)}")
+
+
+@app.command()
+@user_errors
+def verify(out: Path = typer.Argument(..., help="artifact directory"),
+           device: Optional[str] = typer.Option(None, help="cpu or cuda (default: the manifest's)")):
+    """Re-run parity of every built artifact against eager; exit 1 on any failure."""
+    from exporter.export import verify_directory
+    _, checked = verify_directory(out, device)
+    bad = 0
+    for e in checked:
+        worst = max(e.parity.get("rel_l2", {"-": float("nan")}).values()) if e.parity else float("nan")
+        ok = e.status == "built"
+        bad += not ok
+        console.print(f"{'ok  ' if ok else 'FAIL'} {e.id}  worst rel-L2 {worst:.2e} (tol {e.parity.get('tol', '-')})"
+                      + ("" if ok else f"  {e.error}"), highlight=False)
+    console.print(f"{len(checked) - bad}/{len(checked)} artifacts pass")
+    raise typer.Exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(app())

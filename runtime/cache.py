@@ -1,0 +1,158 @@
+"""Shape-keyed engine cache with eager fallback: what a serving process calls per unit.
+
+`EngineCache.run(key, inputs)` runs the built, verified artifact for exactly `key`, or the same
+PyTorch unit eagerly when there is none. Nothing here compiles, and nothing here raises into the
+serving process because of an artifact: a foreign manifest, a missing, truncated or unloadable
+file, or an engine that fails at run time is logged once (file + reason) and served eagerly.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from runtime.engines import get_backend
+from runtime.errors import C2WUserError
+from runtime.manifest import Entry, Manifest, file_sha256, read_manifest
+from runtime.units import DTYPE_NAMES, SPECS, EagerRunner, ShapeKey
+from runtime.verify import artifact_info, device_name, entry_key, unit_weights
+
+log = logging.getLogger("c2w.runtime")
+
+
+def manifest_mismatch(manifest: Manifest, model, backend_version: str | None, device: torch.device) -> str | None:
+    """Why this manifest's artifacts cannot serve this model/device, or None if they can."""
+    if manifest.model.get("digest") != model.digest:
+        return f"model digest {manifest.model.get('digest')} != loaded model {model.digest}"
+    if backend_version is not None and manifest.backend.get("version") != backend_version:
+        return f"{manifest.backend.get('name')} version {manifest.backend.get('version')} != installed {backend_version}"
+    if manifest.device != device_name(device):
+        return f"built for device '{manifest.device}', running on '{device_name(device)}'"
+    for comp, mods in model.component_modules().items():
+        dt = DTYPE_NAMES[next(mods[0].parameters()).dtype]
+        if manifest.precision.get(comp) != dt:
+            return f"{comp} precision {manifest.precision.get(comp)} != loaded model's {dt}"
+    return None
+
+
+class EngineCache:
+    def __init__(self, artifact_dir: str | Path, model, device: torch.device | str = "cpu", *, lazy: bool = True):
+        self.dir = Path(artifact_dir)
+        self.model = model
+        self.device = torch.device(device)
+        self.eager = EagerRunner(model)
+        self._entries: dict[ShapeKey, Entry] = {}
+        self._engines: dict[ShapeKey, object] = {}
+        self._bad: dict[ShapeKey, str] = {}
+        self._weights: dict[tuple, dict] = {}
+        self._locks: dict[ShapeKey, threading.Lock] = defaultdict(threading.Lock)
+        self._load_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._counts = defaultdict(lambda: {"hits": 0, "misses": 0, "failures": 0})
+        self._warned_miss: set[ShapeKey] = set()
+        self.backend = None
+        self.reason_disabled: str | None = None
+        self._open()
+        if not lazy:
+            for key in list(self._entries):
+                self._engine(key)
+
+    # ------------------------------------------------------------------ loading
+    def _disable(self, reason: str) -> None:
+        self.reason_disabled = reason
+        log.warning("c2w: serving everything eagerly: %s", reason)
+
+    def _open(self) -> None:
+        try:
+            manifest = read_manifest(self.dir)
+        except C2WUserError as e:
+            return self._disable(str(e))
+        try:
+            self.backend = get_backend(manifest.backend["name"])
+            self.backend.require()
+            version = self.backend.version()
+        except C2WUserError as e:
+            return self._disable(f"{self.dir}: {e}")
+        why = manifest_mismatch(manifest, self.model, version, self.device)
+        if why:
+            return self._disable(f"{self.dir / 'manifest.json'}: {why}")
+        for e in manifest.entries:
+            if e.status == "built" and e.parity.get("passed"):
+                self._entries[entry_key(e)] = e
+
+    def _shared_weights(self, key: ShapeKey) -> dict:
+        k = (key.component, key.dims[3] if key.component == "flow_encoder" else 0)
+        if k not in self._weights:
+            self._weights[k] = unit_weights(self.eager.unit(key))
+        return self._weights[k]
+
+    def _engine(self, key: ShapeKey):
+        if key in self._engines or key in self._bad or key not in self._entries:
+            return self._engines.get(key)
+        with self._load_lock:
+            if key in self._engines or key in self._bad:
+                return self._engines.get(key)
+            e = self._entries[key]
+            path = self.dir / e.artifact
+            try:
+                if not path.is_file():
+                    raise FileNotFoundError("file is missing")
+                if path.stat().st_size != e.artifact_bytes or file_sha256(path) != e.artifact_sha256:
+                    raise ValueError(f"size/sha256 differ from the manifest (truncated or modified; "
+                                     f"{path.stat().st_size} bytes, manifest says {e.artifact_bytes})")
+                self._engines[key] = self.backend.load(artifact_info(self.dir, e), self._shared_weights(key), self.device)
+            except Exception as exc:  # a bad artifact must never take the serving process down
+                self._bad[key] = f"{type(exc).__name__}: {exc}"
+                log.warning("c2w: artifact %s for %s unusable (%s); serving it eagerly", path, key.id, self._bad[key])
+            return self._engines.get(key)
+
+    # ------------------------------------------------------------------ serving
+    def _count(self, key: ShapeKey, what: str) -> None:
+        with self._stats_lock:
+            self._counts[key][what] += 1
+
+    def run(self, key: ShapeKey, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        engine = self._engine(key)
+        if engine is not None:
+            try:
+                with self._locks[key]:                    # an engine is not thread-safe
+                    out = engine.run(inputs)
+                self._count(key, "hits")
+                return out
+            except Exception as exc:
+                self._count(key, "failures")
+                log.warning("c2w: engine %s failed (%s: %s); serving it eagerly", key.id, type(exc).__name__, exc)
+        else:
+            self._count(key, "misses")
+            if key not in self._warned_miss:
+                self._warned_miss.add(key)
+                log.info("c2w: no engine for %s; serving it eagerly", key.id)
+        return self.eager.run(key, inputs)
+
+    def stats(self) -> dict:
+        """{component: {key id: {hits, misses, failures}}} since load."""
+        out: dict = {c: {} for c in SPECS}
+        with self._stats_lock:
+            for key, c in self._counts.items():
+                out[key.component][key.id] = dict(c)
+        return out
+
+    def unusable(self) -> dict[str, str]:
+        """Artifacts that were skipped, with the reason (key id -> reason)."""
+        return {k.id: v for k, v in self._bad.items()}
+
+    @property
+    def keys(self) -> list[ShapeKey]:
+        return sorted(self._entries)
+
+    def release(self) -> None:
+        with self._load_lock:
+            for eng in self._engines.values():
+                eng.release()
+            self._engines.clear()
+            self._weights.clear()
+            if self.backend is not None:
+                self.backend.release_shared()

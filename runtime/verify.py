@@ -1,0 +1,88 @@
+"""Parity of one built artifact against the eager unit, and the helpers loading needs.
+
+Used by the exporter right after a build (fail closed) and by `c2w verify` on a whole directory.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from runtime.engines.base import ArtifactInfo
+from runtime.manifest import Entry
+from runtime.units import SPECS, ShapeKey, rel_l2
+
+VERIFY_SEED = 1234        # inputs differ from the ones the artifact was exported with
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def entry_key(entry: Entry) -> ShapeKey:
+    return ShapeKey.from_dict({"component": entry.component, "dtype": entry.dtype, **entry.dims})
+
+
+def artifact_info(out_dir: Path, entry: Entry) -> ArtifactInfo:
+    key = entry_key(entry)
+    spec = SPECS[key.component]
+    return ArtifactInfo(path=Path(out_dir) / entry.artifact, input_names=tuple(entry.input_names),
+                        output_names=tuple(entry.output_names),
+                        input_shapes=(), input_dtypes=tuple(str(d).removeprefix("torch.") for d in spec.input_dtypes(key)),
+                        extra=dict(entry.extra))
+
+
+def unit_weights(unit: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """FQN -> tensor for every parameter and buffer of a unit module (shared, not copied)."""
+    return {**dict(unit.named_parameters()), **dict(unit.named_buffers())}
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.device) -> Entry:
+    """Load the entry's artifact, run it on fresh random inputs, compare every output with eager.
+
+    Sets entry.parity, entry.device_bytes / memory_kind and entry.status ("built" or "failed").
+    """
+    key = entry_key(entry)
+    spec = SPECS[key.component]
+    unit = spec.build(model, key).eval()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        base = _rss_bytes()
+    engine = backend.load(artifact_info(out_dir, entry), unit_weights(unit), device)
+    try:
+        inputs = spec.example_inputs(model.cfg, key, torch.Generator().manual_seed(VERIFY_SEED), device=device)
+        got = engine.run(inputs)
+        if cuda:
+            torch.cuda.synchronize(device)
+            entry.device_bytes, entry.memory_kind = torch.cuda.max_memory_allocated(device) - base, "cuda"
+        else:
+            entry.device_bytes, entry.memory_kind = max(0, _rss_bytes() - base), "host_rss"
+        with torch.inference_mode():
+            want = list(unit(*inputs))
+    finally:
+        engine.release()
+    tol = spec.tolerance(key)
+    errs = {}
+    for name, g, w in zip(spec.output_names, got, want):
+        if tuple(g.shape) != tuple(w.shape):
+            errs[name] = float("inf")
+        else:
+            errs[name] = rel_l2(g.to(w.device), w)
+    passed = len(got) == len(want) and all(v <= tol for v in errs.values())
+    entry.parity = {"rel_l2": errs, "tol": tol, "passed": passed}
+    entry.status = "built" if passed else "failed"
+    entry.error = None if passed else f"parity failed: rel-L2 {errs} above {tol}"
+    return entry
