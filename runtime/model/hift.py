@@ -1,0 +1,445 @@
+"""HiFT vocoder (mel -> 24 kHz waveform), rewritten to export cleanly.
+
+Same function and state-dict layout as the step-audio2 / CosyVoice2 `HiFTGenerator` once its weight
+norm is folded, with these changes so that every backend computes the same thing:
+
+- The NSF source's Gaussian noise is an input (`noise`), not a `randn_like` inside the graph.
+- The random initial phase upstream adds to the harmonics is dropped: it is added at time sample 0
+  only, and the 1/480 linear decimation that follows reads samples 480*i + 239 and 480*i + 240 of
+  every frame i, never sample 0, so it cannot change the output (tests/runtime/model/test_hift.py
+  checks this on the oracle with different phases).
+- STFT / ISTFT are real-valued convolutions (no complex tensors, no DFT/ScatterND in ONNX).
+- The harmonic phase arithmetic reproduces torch CPU's float32 results bit for bit using plain
+  float32 ops (see NsfSource): on CPU the source equals the oracle's exactly.
+
+Precision note. The reference accumulates harmonic phases in float32 up to ~1e4 rad, where one
+rounding is ~1e-3 rad. Its output is therefore ill-conditioned in f0 at the ulp level: an f0 one ulp
+off (another conv algorithm, batch size or backend) moves the source by ~5e-5 and the speech by
+~5e-4 rel-L2 (random weights). Compare backends with that in mind, and keep TF32 away from the f0
+predictor: a 1e-3 relative f0 error there shifts late harmonics by radians.
+
+Every convolution is a plain Conv1d / ConvTranspose1d holding the folded weight; use
+`hift_state_dict_from_checkpoint` to turn a raw `hift.pt` into this layout.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from runtime.errors import C2WUserError, check_shape
+from runtime.model.config import HiftConfig
+
+MEL_BINS = 80
+
+
+def _same_padding(kernel: int, dilation: int = 1) -> int:
+    return dilation * (kernel - 1) // 2
+
+
+class Snake(nn.Module):
+    """x + sin^2(alpha x) / alpha, one alpha per channel (BigVGAN's periodic activation)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # x: (B, C, T)
+        a = self.alpha[None, :, None]
+        # 1e-9 keeps the upstream guard against alpha == 0 so trained values behave identically.
+        return x + (1.0 / (a + 1e-9)) * torch.sin(x * a).pow(2)
+
+
+class ResBlock(nn.Module):
+    """Three (Snake, dilated conv, Snake, conv) residual branches applied in sequence."""
+
+    def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...]):
+        super().__init__()
+        self.convs1 = nn.ModuleList(
+            nn.Conv1d(channels, channels, kernel, dilation=d, padding=_same_padding(kernel, d)) for d in dilations)
+        self.convs2 = nn.ModuleList(
+            nn.Conv1d(channels, channels, kernel, padding=_same_padding(kernel)) for _ in dilations)
+        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
+        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for act1, conv1, act2, conv2 in zip(self.activations1, self.convs1, self.activations2, self.convs2):
+            x = x + conv2(act2(conv1(act1(x))))
+        return x
+
+
+class F0Predictor(nn.Module):
+    """mel (B, 80, F) -> f0 in Hz (B, F): five k=3 convs with ELU, a linear head, abs."""
+
+    def __init__(self, in_channels: int, channels: int):
+        super().__init__()
+        layers: list[nn.Module] = []
+        for i in range(5):
+            layers += [nn.Conv1d(in_channels if i == 0 else channels, channels, 3, padding=1), nn.ELU()]
+        self.condnet = nn.Sequential(*layers)
+        self.classifier = nn.Linear(channels, 1)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        h = self.condnet(mel).transpose(1, 2)              # (B, F, C)
+        return self.classifier(h).squeeze(-1).abs()        # (B, F)
+
+
+class NsfSource(nn.Module):
+    """Harmonic-plus-noise excitation from frame-rate f0 (upstream `SourceModuleHnNSF2`).
+
+    Harmonic phases reach ~1e4 rad, where one float32 rounding is ~1e-3 rad and moves the source
+    by 1e-4..1e-3 (rel-L2). So this follows the reference's float32 arithmetic step for step and
+    reproduces torch CPU's results bit for bit, with ops every backend computes identically
+    (see `_prefix_sum_f32` and `_upsample_phase`). Upstream's first step, a 1/480 linear
+    decimation of the per-sample phase increment, reads two samples inside the same mel frame, and
+    f0 is constant within a frame, so it is exactly the frame's own value: we start at frame rate.
+    """
+
+    def __init__(self, cfg: HiftConfig):
+        super().__init__()
+        self.hop = cfg.samples_per_frame
+        self.sampling_rate = cfg.sampling_rate
+        self.sine_amp = cfg.nsf_alpha
+        self.noise_std = cfg.nsf_sigma
+        self.voiced_threshold = cfg.voiced_threshold
+        self.register_buffer("harmonics", torch.arange(1, cfg.nb_harmonics + 2, dtype=torch.float32),
+                             persistent=False)
+        self.l_linear = nn.Linear(cfg.nb_harmonics + 1, 1)
+
+    def forward(self, f0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """f0: (B, F) Hz; noise: (B, hop*F, H) standard normal -> source (B, 1, hop*F)."""
+        b, frames = f0.shape
+        # Cycles per sample for each harmonic, wrapped to [0, 1). f0 >= 0, so x - floor(x) is the
+        # exact float remainder (upstream's `% 1`) and exports without a float Mod.
+        rad = f0.unsqueeze(-1) * self.harmonics / self.sampling_rate        # (B, F, H)
+        rad = rad - torch.floor(rad)
+        phase = _prefix_sum_f32(rad, dim=1) * 2 * math.pi                  # (B, F, H) rad at frame centres
+        phase = _upsample_phase(phase.transpose(1, 2) * self.hop, self.hop)  # (B, H, T)
+        sines = torch.sin(phase).transpose(1, 2) * self.sine_amp            # (B, T, H)
+
+        uv = (f0 > self.voiced_threshold).to(f0.dtype)                      # (B, F)
+        uv = uv.unsqueeze(-1).expand(b, frames, self.hop).reshape(b, frames * self.hop, 1)   # (B, T, 1)
+        noise_amp = uv * self.noise_std + (1 - uv) * (self.sine_amp / 3)
+        excitation = sines * uv + noise_amp * noise                         # (B, T, H)
+        return torch.tanh(self.l_linear(excitation)).transpose(1, 2)        # (B, 1, T)
+
+
+# ---- float32 arithmetic that reproduces torch CPU bit for bit on every backend ----------------
+# torch CPU accumulates float cumsum in double and computes linear interpolation with fused
+# multiply-adds; ONNX Runtime / TensorRT do neither. The helpers below get the same bits from
+# plain float32 ops by making every intermediate result exact (error-free transformations). They
+# rely on each op being rounded on its own: a backend that contracts a*b+c into an FMA stays
+# within ~1 ulp of the phase instead of matching exactly.
+
+def _two_sum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """s + e == a + b exactly, s = fl(a + b) (Knuth)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _dekker_split(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a == hi + lo, each with <= 12 significant bits, so products of halves are exact."""
+    c = a * 4097.0
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _prefix_sum_f32(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Cumulative sum of x in [0, 1), correctly rounded to float32 (= torch CPU's double-accumulated
+    cumsum), whatever order the backend adds in.
+
+    x is cut at two binary grids so that the running sums of each part are exact in float32; the
+    parts are then combined with one error-free addition.
+    """
+    n = x.shape[dim]
+    m1 = 24 - math.ceil(math.log2(n + 1))          # n terms < 1 on a 2^-m1 grid: sums fit 24 bits
+    m2 = 2 * m1
+    coarse = torch.floor(x * 2.0 ** m1) * 2.0 ** -m1
+    rest = x - coarse
+    fine = torch.floor(rest * 2.0 ** m2) * 2.0 ** -m2
+    tail = rest - fine                              # < 2^-m2: its own rounding is far below 1 ulp
+    s, e = _two_sum(torch.cumsum(coarse, dim), torch.cumsum(fine, dim))
+    return s + (e + torch.cumsum(tail, dim))
+
+
+@functools.lru_cache(maxsize=16)
+def _upsample_weights(frames: int, hop: int) -> tuple[np.ndarray, ...]:
+    """Weights of torch's `F.interpolate(scale_factor=hop, mode="linear")` (align_corners=False),
+    float32, one per output sample: (l0, l0 high half, l0 low half, l1).
+
+    torch computes the source position as fma(float32(1/hop), t + 0.5, -0.5): exact in float64,
+    then rounded once. Depends on t itself (not t mod hop) because of that rounding.
+    """
+    t = np.arange(frames * hop, dtype=np.float64)
+    src = (np.float64(np.float32(1.0 / hop)) * (t + 0.5) - 0.5).astype(np.float32)
+    src = np.maximum(src, np.float32(0))
+    i0 = np.minimum(np.floor(src), np.float32(frames - 1))
+    # _upsample_phase assumes the frame structure below; float32 positions break it after
+    # ~10600 frames (212 s) for hop 480, so longer inputs are refused instead of silently wrong.
+    bad = np.flatnonzero(i0.astype(np.int64) != np.clip((t.astype(np.int64) - hop // 2) // hop, 0, frames - 1))
+    if bad.size:
+        raise C2WUserError("mel frames per HiFT call", frames, f"fewer than {bad[0] // hop}",
+                           "Vocode long audio in chunks (the streaming driver does).")
+    l1 = np.clip(src - i0, np.float32(0), np.float32(1)).astype(np.float32)
+    l0 = (np.float32(1) - l1).astype(np.float32)
+    c = (l0 * np.float32(4097)).astype(np.float32)
+    l0_hi = (c - (c - l0)).astype(np.float32)                           # Dekker split, see below
+    tables = (l0, l0_hi, (l0 - l0_hi).astype(np.float32), l1)
+    for a in tables:
+        a.setflags(write=False)
+    return tables
+
+
+def _upsample_phase(v: torch.Tensor, hop: int) -> torch.Tensor:
+    """v: (B, H, F) -> (B, H, F*hop), bit-identical to torch CPU's F.interpolate(v, scale_factor=hop,
+    mode="linear"), which evaluates fma(l0, v[i0], fl(l1 * v[i1])).
+
+    Sample t = hop*i + j interpolates frames (i-1, i) for j < hop/2 and (i, i+1) otherwise, with
+    the ends held; the weights are static constants for the static length.
+    """
+    b, h, frames = v.shape
+    half = hop // 2
+    vp = torch.cat([v[..., :1], v, v[..., -1:]], dim=-1)                # (B, H, F+2), ends held
+
+    def per_sample(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        # first/second: (B, H, F) -> (B, H, F*hop), first half of each frame from `first`
+        return torch.cat([first.unsqueeze(-1).expand(b, h, frames, half),
+                          second.unsqueeze(-1).expand(b, h, frames, hop - half)], dim=-1).reshape(b, h, frames * hop)
+
+    left = per_sample(vp[..., :frames], vp[..., 1:frames + 1])          # v[i0]
+    right = per_sample(vp[..., 1:frames + 1], vp[..., 2:])              # v[i1]
+    l0, l0_hi, l0_lo, l1 = (torch.tensor(w, device=v.device) for w in _upsample_weights(frames, hop))
+    r = right * l1
+    # fma(l0, left, r) = fl(p + e + r), where p + e == left * l0 exactly (Dekker's product)
+    p = left * l0
+    left_hi, left_lo = _dekker_split(left)
+    e = ((left_hi * l0_hi - p) + left_hi * l0_lo + left_lo * l0_hi) + left_lo * l0_lo
+    s, e2 = _two_sum(p, r)
+    return s + (e + e2)
+
+
+def _hann_periodic(n: int) -> torch.Tensor:
+    k = torch.arange(n, dtype=torch.float64)
+    return 0.5 - 0.5 * torch.cos(2 * math.pi * k / n)
+
+
+@functools.lru_cache(maxsize=16)
+def _window_envelope(frames: int, n_fft: int, hop: int) -> np.ndarray:
+    """Overlap-added squared window of `frames` frames, trimmed n_fft/2 each side: what
+    torch.istft(center=True) divides by. (hop*(frames-1),) float32; 1.5 inside, lower at the ends."""
+    w2 = _hann_periodic(n_fft).pow(2).numpy()
+    env = np.zeros(hop * (frames - 1) + n_fft)
+    for f in range(frames):
+        env[f * hop:f * hop + n_fft] += w2
+    env = env[n_fft // 2:n_fft // 2 + hop * (frames - 1)].astype(np.float32)
+    env.setflags(write=False)
+    return env
+
+
+def _fourier_rows(n_fft: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(analysis, synthesis) kernels, each (n_fft + 2, 1, n_fft) float32, rows [real bins; imag bins].
+
+    analysis:  X_k = sum_n w[n] x[n] e^{-2 pi i k n / N}  (torch.stft, onesided, unnormalized)
+    synthesis: w[n] * irfft(X)[n], where irfft counts bins 1..N/2-1 twice and ignores the imaginary
+               part of DC and Nyquist (as torch.fft.irfft does).
+    """
+    bins = n_fft // 2 + 1
+    w = _hann_periodic(n_fft)
+    k = torch.arange(bins, dtype=torch.float64)[:, None]
+    n = torch.arange(n_fft, dtype=torch.float64)[None, :]
+    ang = 2 * math.pi * k * n / n_fft
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    sin[0] = 0.0
+    sin[-1] = 0.0                                     # exact zeros where sin(pi n) only rounds to ~1e-16
+    analysis = torch.cat([cos * w, -sin * w], dim=0)
+    weight = torch.full((bins, 1), 2.0, dtype=torch.float64)
+    weight[0] = weight[-1] = 1.0
+    synthesis = torch.cat([weight * cos, -weight * sin], dim=0) * w / n_fft
+    return analysis.float().unsqueeze(1), synthesis.float().unsqueeze(1)
+
+
+class HiftVocoder(nn.Module):
+    """HiFT generator (NSF source + iSTFTNet decoder) with folded weights, export-friendly."""
+
+    def __init__(self, cfg: HiftConfig, mel_bins: int = MEL_BINS):
+        super().__init__()
+        self.cfg = cfg
+        self.mel_bins = mel_bins
+        self.hop_samples = cfg.samples_per_frame
+        self.n_fft, self.stft_hop = cfg.n_fft, cfg.hop
+        n_bins2 = cfg.n_fft + 2                        # real + imaginary parts of n_fft/2 + 1 bins
+        base = cfg.base_channels
+
+        self.m_source = NsfSource(cfg)
+        self.f0_predictor = F0Predictor(mel_bins, cfg.f0_channels)
+        self.conv_pre = nn.Conv1d(mel_bins, base, 7, padding=3)
+        self.ups = nn.ModuleList(
+            nn.ConvTranspose1d(base // 2 ** i, base // 2 ** (i + 1), k, u, padding=(k - u) // 2)
+            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernels)))
+
+        # Source branch i brings the source spectrogram (hop_samples/stft_hop frames per mel frame)
+        # down to the length of decoder stage i: stride = product of the upsample rates after stage i.
+        self.source_downs = nn.ModuleList()
+        self.source_resblocks = nn.ModuleList()
+        for i, (k, d) in enumerate(zip(cfg.source_resblock_kernels, cfg.source_resblock_dilations)):
+            ch = base // 2 ** (i + 1)
+            stride = math.prod(cfg.upsample_rates[i + 1:])
+            if stride == 1:
+                self.source_downs.append(nn.Conv1d(n_bins2, ch, 1))
+            else:
+                self.source_downs.append(nn.Conv1d(n_bins2, ch, 2 * stride, stride, padding=stride // 2))
+            self.source_resblocks.append(ResBlock(ch, k, d))
+
+        self.resblocks = nn.ModuleList(
+            ResBlock(base // 2 ** (i + 1), k, d)
+            for i in range(len(cfg.upsample_rates))
+            for k, d in zip(cfg.resblock_kernels, cfg.resblock_dilations))
+        self.conv_post = nn.Conv1d(base // 2 ** len(cfg.upsample_rates), n_bins2, 7, padding=3)
+
+        analysis, synthesis = _fourier_rows(cfg.n_fft)
+        self.register_buffer("stft_kernel", analysis, persistent=False)        # (N+2, 1, N)
+        self.register_buffer("istft_kernel", synthesis, persistent=False)      # (N+2, 1, N)
+
+    # ---- eager-only validation (kept out of forward so the exported graph has no checks) ----
+    def check_inputs(self, mel: torch.Tensor, noise: torch.Tensor, source_cache: torch.Tensor | None = None) -> None:
+        """Raise C2WUserError unless the shapes/dtypes match forward's contract."""
+        if mel.dim() != 3:
+            raise C2WUserError("tensor 'mel'", f"shape {tuple(mel.shape)}", f"3 dims (B, {self.mel_bins}, F)")
+        b, _, frames = mel.shape
+        check_shape("mel", mel, (b, self.mel_bins, frames), torch.float32)
+        samples = frames * self.hop_samples
+        check_shape("noise", noise, (b, samples, self.cfg.nb_harmonics + 1), torch.float32)
+        if source_cache is not None:
+            s = source_cache.shape[-1] if source_cache.dim() == 3 else -1
+            if not 0 <= s <= samples:
+                raise C2WUserError("tensor 'source_cache'", f"shape {tuple(source_cache.shape)}",
+                                   f"shape ({b}, 1, S) with S <= {samples}")
+            check_shape("source_cache", source_cache, (b, 1, s), torch.float32)
+
+    def forward(self, mel: torch.Tensor, noise: torch.Tensor,
+                source_cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """mel: (B, 80, F) float32; noise: (B, 480F, H) standard normal, H = nb_harmonics + 1;
+        source_cache: (B, 1, S) float32 or None.
+
+        Returns speech (B, 480F) and source (B, 1, 480F), the excitation after its first S samples
+        were replaced by source_cache (what the streaming driver caches for the next chunk).
+        """
+        f0 = self.f0_predictor(mel)                                  # (B, F)
+        source = self.m_source(f0, noise)                            # (B, 1, T)
+        if source_cache is not None and source_cache.shape[-1] > 0:
+            source = torch.cat([source_cache, source[:, :, source_cache.shape[-1]:]], dim=2)
+        return self.decode(mel, source), source
+
+    def decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """mel: (B, 80, F), source: (B, 1, 480F) -> speech (B, 480F) in [-audio_limit, audio_limit]."""
+        cfg = self.cfg
+        s_spec = self._stft(source)                                  # (B, N+2, 120F + 1)
+        x = self.conv_pre(mel)
+        n_res = len(cfg.resblock_kernels)
+        for i, up in enumerate(self.ups):
+            x = up(F.leaky_relu(x, cfg.lrelu_slope))
+            if i == len(self.ups) - 1:
+                x = F.pad(x, (1, 0), mode="reflect")                 # 120F -> 120F + 1 STFT frames
+            x = x + self.source_resblocks[i](self.source_downs[i](s_spec))
+            acc = self.resblocks[i * n_res](x)
+            for j in range(1, n_res):
+                acc = acc + self.resblocks[i * n_res + j](x)
+            x = acc / n_res
+        x = self.conv_post(F.leaky_relu(x))                          # default slope 0.01, as upstream
+        bins = self.n_fft // 2 + 1
+        magnitude = torch.exp(x[:, :bins]).clamp(max=1e2)
+        phase = torch.sin(x[:, bins:])                               # upstream's choice; kept
+        spec = torch.cat([magnitude * torch.cos(phase), magnitude * torch.sin(phase)], dim=1)
+        speech = self._istft(spec)
+        return speech.clamp(-cfg.audio_limit, cfg.audio_limit)
+
+    def _stft(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, 1, T) -> (B, N+2, T/hop + 1), = torch.stft(center=True, reflect, hann periodic)."""
+        pad = self.n_fft // 2
+        x = F.pad(x, (pad, pad), mode="reflect")
+        return F.conv1d(x, self.stft_kernel, stride=self.stft_hop)
+
+    def _istft(self, spec: torch.Tensor) -> torch.Tensor:
+        """spec: (B, N+2, L) [real; imag] -> (B, hop*(L-1)), = torch.istft(center=True, hann periodic)."""
+        frames = spec.shape[-1]
+        frames_out = F.conv_transpose1d(spec, self.istft_kernel, stride=self.stft_hop)        # (B, 1, ...)
+        pad = self.n_fft // 2
+        length = self.stft_hop * (frames - 1)
+        envelope = torch.tensor(_window_envelope(frames, self.n_fft, self.stft_hop), device=spec.device)
+        return frames_out[:, 0, pad:pad + length] / envelope
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint loading
+# ---------------------------------------------------------------------------------------------
+_WEIGHT_NORM_SPELLINGS = (
+    (".weight_g", ".weight_v"),                                             # torch.nn.utils.weight_norm
+    (".parametrizations.weight.original0", ".parametrizations.weight.original1"),  # parametrizations
+)
+
+
+def _shape(value) -> tuple[int, ...] | str:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def expected_hift_shapes(cfg: HiftConfig, mel_bins: int = MEL_BINS) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of HiftVocoder(cfg).state_dict(), built on the meta device (no allocation)."""
+    with torch.device("meta"):
+        model = HiftVocoder(cfg, mel_bins)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def hift_state_dict_from_checkpoint(sd: dict, cfg: HiftConfig, mel_bins: int = MEL_BINS) -> dict:
+    """Raw `hift.pt` state dict -> folded state dict for `HiftVocoder(cfg)`.
+
+    Accepts an optional `generator.` key prefix and either weight-norm spelling; folds
+    weight = g * v / ||v|| (norm over all dims but 0, for ConvTranspose1d too, as torch's
+    weight_norm does). Raises one C2WUserError listing every missing key, unexpected key and shape
+    mismatch, so a checkpoint for another config fails with the whole picture.
+    """
+    prefix = "generator."
+    raw = {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in sd.items()}
+
+    out: dict[str, torch.Tensor] = {}
+    consumed: set[str] = set()
+    bad_pairs: list[str] = []
+    for key in raw:
+        for g_suffix, v_suffix in _WEIGHT_NORM_SPELLINGS:
+            v_key = key[: -len(g_suffix)] + v_suffix
+            if key.endswith(g_suffix) and v_key in raw:
+                g, v = raw[key], raw[v_key]
+                consumed.update((key, v_key))
+                if _shape(g) != (v.shape[0],) + (1,) * (v.dim() - 1):
+                    bad_pairs.append(f"{key} {_shape(g)} does not fit {v_key} {_shape(v)}")
+                else:
+                    out[key[: -len(g_suffix)] + ".weight"] = torch._weight_norm(v, g, 0)
+    for key, value in raw.items():
+        if key not in consumed:
+            out[key] = value
+
+    expected = expected_hift_shapes(cfg, mel_bins)
+    missing = sorted(set(expected) - set(out))
+    unexpected = sorted(set(out) - set(expected))
+    mismatched = [f"{k}: {_shape(out[k])} vs {expected[k]}" for k in sorted(set(out) & set(expected))
+                  if _shape(out[k]) != expected[k]]
+    if missing or unexpected or mismatched or bad_pairs:
+        problems = [f"weight-norm pairs that do not fit [{'; '.join(bad_pairs)}]"] if bad_pairs else []
+        if missing:
+            problems.append(f"missing keys {missing}")
+        if unexpected:
+            problems.append(f"unexpected keys {unexpected}")
+        if mismatched:
+            problems.append(f"shape mismatches (received vs expected) [{'; '.join(mismatched)}]")
+        raise C2WUserError(
+            f"HiFT checkpoint for base_channels={cfg.base_channels}, f0_channels={cfg.f0_channels}, "
+            f"nb_harmonics={cfg.nb_harmonics}",
+            f"{len(missing)} missing, {len(unexpected)} unexpected, {len(mismatched)} mismatched: "
+            + "; ".join(problems),
+            "every HiftVocoder key with its shape",
+            "Check that the checkpoint belongs to the selected model preset.")
+    return out
