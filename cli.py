@@ -177,5 +177,33 @@ def verify(out: Path = typer.Argument(..., help="artifact directory"),
     raise typer.Exit(1 if bad else 0)
 
 
+@app.command()
+@user_errors
+def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
+          shards: list[Path] = typer.Argument(..., help="artifact directories of `c2w export --shard K/N` jobs")):
+    """Combine the artifact directories of sharded export jobs into one."""
+    from exporter.merge import merge_dirs
+    m = merge_dirs(out, shards)
+    n = sum(e.status == "built" for e in m.entries)
+    console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}")
+
+
+@app.command()
+@user_errors
+def bench(out: Path = typer.Argument(..., help="artifact directory (built by c2w export)"),
+          json_out: Path = typer.Option(Path("bench.json"), "--out", help="JSON results (a .md table beside it)"),
+          keys: Optional[str] = typer.Option(None, help="comma-separated key ids (default: every built key)"),
+          batches: Optional[str] = typer.Option(None, help="batch sizes for the streaming rows (default: the profile's)"),
+          reps: int = typer.Option(20, help="timed repetitions per measurement (after warm-up)"),
+          peer: bool = typer.Option(True, help="time the step-audio2 reference too, if importable")):
+    """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk."""
+    from exporter.bench import bench_dir, to_markdown, write
+    _quiet(False)
+    res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
+                    stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer)
+    write(res, json_out)
+    typer.echo(to_markdown(res))
+
+
 if __name__ == "__main__":
     sys.exit(app())

@@ -91,6 +91,7 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
             log.warning("ignoring the existing manifest: %s", e)
     art_dir = out_dir / profile.backend
     art_dir.mkdir(parents=True, exist_ok=True)
+    first_write = True
     todo = [e for e in plan.selected]
     for i, pk in enumerate(plan.entries):
         key = pk.key
@@ -116,6 +117,9 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
         if not _in_shard(todo.index(pk), shard):
             entry.status = "pending"
             continue
+        if first_write:            # a manifest exists from the first build on, even if killed mid-key
+            write_manifest(out_dir, _with_pending(manifest, plan, len(manifest.entries)))
+            first_write = False
         if on_progress:
             on_progress(key.id, todo.index(pk), len(todo))
         _build_entry(model, device, profile, backend, art_dir, out_dir, key, entry)
@@ -126,6 +130,18 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
         write_manifest(out_dir, manifest)         # resumable after every key
     write_manifest(out_dir, manifest)
     return result
+
+
+def _with_pending(manifest: Manifest, plan: Plan, done: int) -> Manifest:
+    """The manifest so far plus every later key as `pending` (what a killed export leaves)."""
+    import copy
+    m = copy.copy(manifest)
+    m.entries = list(manifest.entries) + [
+        Entry(id=pk.key.id, component=pk.key.component,
+              dims={n: v for n, v in pk.key.to_dict().items() if n not in ("component", "dtype")},
+              dtype=pk.key.dtype, category=pk.category, status="pending", est_bytes=pk.est_bytes)
+        for pk in plan.entries[done:]]
+    return m
 
 
 def new_manifest(profile: Profile, model: Code2Wav, backend, device: torch.device, plan: Plan) -> Manifest:
@@ -154,12 +170,13 @@ def _build_entry(model, device, profile, backend, art_dir: Path, out_dir: Path, 
                 entry.extra = {"initializer_bytes": stats.initializer_bytes, "unique_initializer_bytes":
                                stats.unique_bytes, "nodes": stats.node_count}
                 wbytes = sum(t.numel() * t.element_size() for t in unit_weights(unit).values())
-                if stats.unique_bytes > 1.25 * wbytes:
+                # slack for shape-specific constant tables (HiFT's phase interpolation, ~0.5 MB)
+                if stats.unique_bytes > 1.25 * wbytes + (4 << 20):
                     raise RuntimeError(f"ONNX initializers hold {stats.unique_bytes} bytes against {wbytes} bytes of "
                                        "weights: the export duplicated or folded weights")
             else:
                 from exporter.backends.aoti import build_aoti
-                entry.extra = build_aoti(unit, inputs, path)
+                entry.extra = build_aoti(model, unit, key, inputs, path)
         entry.build_seconds = round(time.perf_counter() - t0, 2)
         entry.artifact = str(path.relative_to(out_dir))
         entry.artifact_bytes = path.stat().st_size

@@ -537,9 +537,13 @@ class _Checker:
         self.add("info", "initializer-bytes", msg)
 
 
+# Functions torch.export writes into symbolic dims (sympy printing), not dim names.
+_SYMPY_FUNCS = {"Min", "Max", "Mod", "FloorDiv", "CeilDiv", "floor", "ceiling", "Abs", "PythonMod", "CleanDiv"}
+
+
 def dim_param_names(param: str) -> set[str]:
-    """Identifiers in a dim_param: 'B' -> {'B'}, '2*T + 4' -> {'T'}, '' -> set()."""
-    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", param or ""))
+    """Dim names in a dim_param: 'B' -> {'B'}, '2*T + 4' -> {'T'}, 'Min(C, C//2)' -> {'C'}, '' -> set()."""
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", param or "")) - _SYMPY_FUNCS
 
 
 def _tensor_type(elem_type: int, dims) -> object:

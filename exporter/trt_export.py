@@ -17,6 +17,7 @@ from runtime.engines import get_backend
 from runtime.units import SPECS, ShapeKey
 
 TRT_FLOOR = "10.12"
+DYNAMIC_DIMS = {"cfm": frozenset("BTL"), "flow_encoder": frozenset("BNC"), "hift": frozenset("B")}
 
 
 def graph_variant(key: ShapeKey) -> str:
@@ -24,7 +25,7 @@ def graph_variant(key: ShapeKey) -> str:
     if key.component == "flow_encoder":
         return "flow_encoder-last" if key.dims[3] else "flow_encoder"
     if key.component == "hift":
-        return "hift-cached" if key.dims[2] else "hift"
+        return f"hift-F{key.dims[1]}" + ("-cached" if key.dims[2] else "")
     return key.component
 
 
@@ -39,56 +40,99 @@ def dynamic_shapes(key: ShapeKey):
     if comp == "flow_encoder":
         N, C = Dim("N", min=4, max=512), Dim("C", min=1, max=4096)
         return ({0: B, 1: N}, {0: B}, {1: B, 3: C})
-    F = Dim("F", min=2, max=2048)
-    return ({0: B, 2: F}, {0: B, 1: 480 * F}) + (({0: B},) if key.dims[2] else ())
+    # HiFT's phase-interpolation tables are built for a static frame count: B varies, F does not
+    # (one plan per F: 50, 58, 158 ... a handful per profile).
+    return ({0: B}, {0: B}) + (({0: B},) if key.dims[2] else ())
+
+
+def variant_onnx(model, key: ShapeKey, variant: str, onnx_dir: Path, device) -> tuple[Path, list]:
+    """Export one graph variant with named dynamic dims (static where that fails) and run the
+    TensorRT compatibility check on it. Returns (onnx path, findings)."""
+    from exporter.backends.onnx_export import export_onnx
+    from exporter.trt_check import check_onnx_for_tensorrt
+
+    if key.dims[0] == 1:               # torch.export specialises dims of size 1: trace at B = 2
+        key = ShapeKey(key.component, (2,) + key.dims[1:], key.dtype)
+    spec = SPECS[key.component]
+    unit = spec.build(model, key).eval()
+    inputs = spec.example_inputs(model.cfg, key, device=device)
+    path = Path(onnx_dir) / f"{variant}-{key.dtype}.onnx"
+    findings = []
+    try:
+        with torch.no_grad():
+            export_onnx(unit, inputs, spec.input_names(key), spec.output_names, path, dynamic_shapes=dynamic_shapes(key))
+        allow = DYNAMIC_DIMS[key.component]
+    except Exception as exc:  # fall back to the static graph: op/dtype findings still apply
+        findings.append(_finding("warning", "dynamic-export", f"{variant}: dynamic-dim export failed "
+                                 f"({type(exc).__name__}: {str(exc)[:200]}); checked the static graph"))
+        with torch.no_grad():
+            export_onnx(unit, inputs, spec.input_names(key), spec.output_names, path)
+        allow = frozenset()
+    for f in check_onnx_for_tensorrt(path, TRT_FLOOR, allow_dynamic=allow):
+        findings.append(type(f)(**{**f.__dict__, "message": f"{variant}: {f.message}"}))
+    return path, findings
 
 
 def export_tensorrt(profile, out_dir: Path, *, dry_run: bool, shard=(1, 1), on_progress=None):
-    from exporter.backends.onnx_export import export_onnx
+    """Plan, export + check one ONNX per graph variant, and (with TensorRT) build one plan per
+    variant and verify every key's profile against eager. `shard` splits the variants."""
     from exporter.export import ExportResult, new_manifest, prepare_model
-    from exporter.trt_check import check_onnx_for_tensorrt
+    from exporter.trt_check import errors
+    from runtime.manifest import Entry, file_sha256, write_manifest
+    from runtime.verify import check_entry
 
     backend = get_backend("tensorrt")
     if not dry_run:
         backend.require()                 # fail fast, before minutes of export
     model, device = prepare_model(profile) if not dry_run else _cpu_model(profile)
     plan = make_plan(model.cfg, profile, precision_weights(model, profile), shares_weights=True)
-    groups: dict[str, list[ShapeKey]] = defaultdict(list)
+    groups: dict[str, list] = defaultdict(list)
     for e in plan.selected:
-        groups[graph_variant(e.key)].append(e.key)
+        groups[graph_variant(e.key)].append(e)
     version = "not-installed" if dry_run else backend.version()
     manifest = new_manifest(profile, model, _VersionOnly(version), device, plan)
     result = ExportResult(Path(out_dir), manifest, plan)
     onnx_dir = Path(out_dir) / "tensorrt" / "onnx"
     onnx_dir.mkdir(parents=True, exist_ok=True)
-    for i, (variant, keys) in enumerate(sorted(groups.items())):
+    k, n = shard
+    for i, (variant, pks) in enumerate(sorted(groups.items())):
+        if i % n != k - 1:
+            continue
         if on_progress:
             on_progress(f"onnx {variant}", i, len(groups))
-        key = keys[0]
-        spec = SPECS[key.component]
-        unit = spec.build(model, key).eval()
-        inputs = spec.example_inputs(model.cfg, key, device=device)
-        path = onnx_dir / f"{variant}-{key.dtype}.onnx"
-        try:
-            with torch.no_grad():
-                export_onnx(unit, inputs, spec.input_names(key), spec.output_names, path,
-                            dynamic_shapes=dynamic_shapes(key))
-            allow = frozenset(spec.dim_names)
-        except Exception as exc:  # fall back to the static graph: op/dtype findings still apply
-            result.findings.append(_finding("warning", "dynamic-export", f"{variant}: dynamic-dim export failed "
-                                            f"({type(exc).__name__}: {str(exc)[:200]}); checked the static graph"))
-            with torch.no_grad():
-                export_onnx(unit, inputs, spec.input_names(key), spec.output_names, path)
-            allow = frozenset()
-        for f in check_onnx_for_tensorrt(path, TRT_FLOOR, allow_dynamic=allow):
-            result.findings.append(type(f)(**{**f.__dict__, "message": f"{variant}: {f.message}"}))
-        if not dry_run:
-            from exporter.backends.tensorrt import build_engine_from_onnx, profiles_for_keys
-            from runtime.engines.tensorrt import artifact_name
-            profs = profiles_for_keys({k: dict(zip(spec.input_names(k), spec.input_shapes(model.cfg, k))) for k in keys})
-            build_engine_from_onnx(path, profs, Path(out_dir) / "tensorrt" / artifact_name(
-                variant, version, manifest.device), timing_cache_path=Path(out_dir) / "tensorrt",
-                workspace_bytes=profile.workspace_bytes, tf32=profile.precision.tf32)
+        path, findings = variant_onnx(model, pks[0].key, variant, onnx_dir, device)
+        result.findings += findings
+        if dry_run:
+            continue
+        spec = SPECS[pks[0].key.component]
+        entries = [Entry(id=pk.key.id, component=pk.key.component, dtype=pk.key.dtype, category=pk.category,
+                         status="failed", est_bytes=pk.est_bytes,
+                         dims={d: v for d, v in pk.key.to_dict().items() if d not in ("component", "dtype")},
+                         input_names=list(spec.input_names(pk.key)), output_names=list(spec.output_names))
+                   for pk in pks]
+        manifest.entries += entries
+        if errors(findings):
+            for e in entries:
+                e.error = f"TensorRT compatibility check failed for {variant}: see `c2w export --dry-run`"
+            result.failed += len(entries)
+            continue
+        from exporter.backends.tensorrt import build_engine_from_onnx, profiles_for_keys
+        from runtime.engines.tensorrt import artifact_name
+        plan_path = Path(out_dir) / "tensorrt" / artifact_name(variant, version, manifest.device)
+        info = build_engine_from_onnx(
+            path, profiles_for_keys([dict(zip(spec.input_names(pk.key), spec.input_shapes(model.cfg, pk.key)))
+                                     for pk in pks]),
+            plan_path, timing_cache_path=Path(out_dir) / "tensorrt", workspace_bytes=profile.workspace_bytes,
+            tf32=profile.precision.tf32)
+        for idx, e in enumerate(entries):
+            e.artifact = str(plan_path.relative_to(out_dir))
+            e.artifact_bytes, e.artifact_sha256 = plan_path.stat().st_size, file_sha256(plan_path)
+            e.build_seconds = round(info.get("build_seconds", 0.0) / len(entries), 2)
+            e.extra = {"profile_index": idx, "plan_device_memory": info.get("device_memory_per_profile", [None])[idx]}
+            check_entry(model, backend, Path(out_dir), e, device)       # fail closed
+            result.built += e.status == "built"
+            result.failed += e.status != "built"
+        write_manifest(Path(out_dir), manifest)
     return result
 
 

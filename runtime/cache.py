@@ -103,7 +103,8 @@ class EngineCache:
                 if path.stat().st_size != e.artifact_bytes or file_sha256(path) != e.artifact_sha256:
                     raise ValueError(f"size/sha256 differ from the manifest (truncated or modified; "
                                      f"{path.stat().st_size} bytes, manifest says {e.artifact_bytes})")
-                self._engines[key] = self.backend.load(artifact_info(self.dir, e), self._shared_weights(key), self.device)
+                self._engines[key] = self.backend.load(artifact_info(self.dir, e, self.model.cfg),
+                                                       self._shared_weights(key), self.device)
             except Exception as exc:  # a bad artifact must never take the serving process down
                 self._bad[key] = f"{type(exc).__name__}: {exc}"
                 log.warning("c2w: artifact %s for %s unusable (%s); serving it eagerly", path, key.id, self._bad[key])

@@ -84,6 +84,18 @@ class CFMUnit(nn.Module):
         return self.solver(mu, spk, cond, x0, cnn_cache, att_cache)
 
 
+class CFMStepUnit(nn.Module):
+    """One Euler step of the CFM unit (t, dt as (1,) float32 tensors): what the AOTI backend
+    compiles and replays n times (runtime.engines.aoti.EulerReplay)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.solver = model.flow.solver()
+
+    def forward(self, mu, spk, cond, x, cnn_cache, att_cache, t, dt):
+        return self.solver.step(mu, spk, cond, x, cnn_cache, att_cache, t, dt)
+
+
 class HiftUnit(nn.Module):
     def __init__(self, model):
         super().__init__()

@@ -24,12 +24,13 @@ def entry_key(entry: Entry) -> ShapeKey:
     return ShapeKey.from_dict({"component": entry.component, "dtype": entry.dtype, **entry.dims})
 
 
-def artifact_info(out_dir: Path, entry: Entry) -> ArtifactInfo:
+def artifact_info(out_dir: Path, entry: Entry, cfg) -> ArtifactInfo:
     key = entry_key(entry)
     spec = SPECS[key.component]
     return ArtifactInfo(path=Path(out_dir) / entry.artifact, input_names=tuple(entry.input_names),
                         output_names=tuple(entry.output_names),
-                        input_shapes=(), input_dtypes=tuple(str(d).removeprefix("torch.") for d in spec.input_dtypes(key)),
+                        input_shapes=tuple(tuple(s) for s in spec.input_shapes(cfg, key)),
+                        input_dtypes=tuple(str(d).removeprefix("torch.") for d in spec.input_dtypes(key)),
                         extra=dict(entry.extra))
 
 
@@ -61,7 +62,7 @@ def check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devic
         torch.cuda.reset_peak_memory_stats(device)
     else:
         base = _rss_bytes()
-    engine = backend.load(artifact_info(out_dir, entry), unit_weights(unit), device)
+    engine = backend.load(artifact_info(out_dir, entry, model.cfg), unit_weights(unit), device)
     try:
         inputs = spec.example_inputs(model.cfg, key, torch.Generator().manual_seed(VERIFY_SEED), device=device)
         got = engine.run(inputs)

@@ -1,11 +1,26 @@
-"""AOTInductor build side: exported program -> `.pt2` without weights (+ lifted constants file)."""
+"""AOTInductor build side: exported program -> `.pt2` without weights (+ lifted constants file).
+
+The CFM is built as ONE Euler step (t and dt are inputs); the runtime replays it n times inside
+one CUDA graph (docs/aoti.md has the measurements behind that choice). The other units are built
+whole.
+
+Compiler: the model `.so` must link libstdc++ DYNAMICALLY. A `.so` that carries its own static
+copy crashes or hangs at load, in the first locale call of the model constructor, once the
+process already holds the shared libstdc++ (benchmarks/aoti_repro). On the project's GPU image,
+$CXX points to a GCC tree that links it statically, so c2w compiles with `C2W_AOTI_CXX` if set,
+else the first `g++` on PATH, and checks every built package before accepting it.
+"""
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import zipfile
 from pathlib import Path
 
 import torch
 
-from runtime.engines.aoti import consts_path
+from runtime.units import CFMStepUnit, ShapeKey
 
 INDUCTOR_CONFIGS = {
     # weights are bound at load from the runtime's single shared copy (user_managed=True)
@@ -13,16 +28,68 @@ INDUCTOR_CONFIGS = {
 }
 
 
-def build_aoti(unit: torch.nn.Module, inputs: list[torch.Tensor], path: Path) -> dict:
-    """Compile `unit` at the inputs' exact shapes into `path`. Returns manifest extras."""
+def aoti_compiler() -> str:
+    cxx = os.environ.get("C2W_AOTI_CXX") or shutil.which("g++") or os.environ.get("CXX") or "g++"
+    return cxx
+
+
+@contextlib.contextmanager
+def _compiler(cxx: str):
+    import torch._inductor.config as cfg
+    old = cfg.cpp.cxx
+    cfg.cpp.cxx = (None, cxx)
+    try:
+        yield
+    finally:
+        cfg.cpp.cxx = old
+
+
+def static_libstdcxx_objects(package: Path) -> list[str]:
+    """Shared objects in the package that do not link libstdc++.so.6 yet define std::locale:
+    a statically linked libstdc++ (the load-crash signature). Empty list = fine."""
+    bad = []
+    with zipfile.ZipFile(package) as z:
+        for name in z.namelist():
+            if name.endswith(".so"):
+                data = z.read(name)
+                if b"libstdc++.so.6" not in data and b"_ZNSt6locale7classicEv" in data:
+                    bad.append(name)
+    return bad
+
+
+def step_inputs(cfg, key: ShapeKey, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The CFM unit's example inputs -> one Euler step's: caches of step 0, t and dt as (1,) tensors."""
+    mu, spk, cond, x0, cnn, att = inputs
+    t = torch.zeros(1, dtype=torch.float32, device=mu.device)
+    dt = torch.full((1,), 0.1, dtype=torch.float32, device=mu.device)
+    return [mu, spk, cond, x0, cnn[0].contiguous(), att[0].contiguous(), t, dt]
+
+
+def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.Tensor], path: Path) -> dict:
+    """Compile `unit` (or its Euler step, for the CFM) at the inputs' exact shapes into `path`."""
+    extra = {}
+    if key.component == "cfm":
+        unit = CFMStepUnit(model).eval()
+        inputs = step_inputs(model.cfg, key, inputs)
+        extra.update(cfm_step=True, n_steps=model.cfg.n_timesteps)
     ep = torch.export.export(unit, tuple(inputs), strict=False)
-    tmp = path.with_name(path.name + ".tmp")
-    torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=INDUCTOR_CONFIGS)
-    # Constants the export lifted that are neither parameters nor buffers of the unit (e.g. a
-    # tensor built in forward): the runtime cannot rebuild them from the eager model.
-    named = {n for n, _ in unit.named_parameters()} | {n for n, _ in unit.named_buffers()}
-    lifted = {k: v.detach().cpu() for k, v in ep.constants.items() if k not in named and isinstance(v, torch.Tensor)}
-    if lifted:
-        torch.save(lifted, consts_path(path))
+    # Constants the export lifted from tensors built in forward (HiFT's shape-specific
+    # interpolation tables) have no counterpart in the eager model, and the compiled model renames
+    # them per device (`_tensor_constant<i>_cuda0`, plus copies it derives): such a unit keeps ALL
+    # its constants inside the package. Its weights are then held per key (HiFT: ~80 MB at full
+    # size), not shared; units without lifted constants share the eager model's tensors.
+    lifted = [s.target for s in ep.graph_signature.input_specs if s.kind.name == "CONSTANT_TENSOR"]
+    configs = dict(INDUCTOR_CONFIGS, **({"aot_inductor.package_constants_in_so": True} if lifted else {}))
+    extra["constants_in_so"] = bool(lifted)
+    tmp = path.with_name(path.stem + ".tmp.pt2")
+    cxx = aoti_compiler()
+    with _compiler(cxx):
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
+    bad = static_libstdcxx_objects(tmp)
+    if bad:
+        tmp.unlink()
+        raise RuntimeError(f"{bad} link libstdc++ statically (compiler {cxx}); such packages crash at load. "
+                           "Set C2W_AOTI_CXX to a g++ that links it dynamically (e.g. /usr/bin/g++).")
     tmp.replace(path)
-    return {"lifted_constants": len(lifted)}
+    return {**extra, "lifted_constants": len(lifted), "cxx": cxx}
+

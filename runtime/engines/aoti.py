@@ -1,42 +1,102 @@
 """AOTInductor engines: one `.pt2` package per ShapeKey, compiled without its weights.
 
-Every package of a component takes its constants from ONE shared set of tensors: the eager
-model's own parameters and buffers (the runtime holds them anyway for the eager fallback), plus
-the few non-parameter constants the export lifted, saved beside the package (`.consts.pt`).
-They are bound with `load_constants(..., user_managed=True)`, so no copy is made. A package is
-never run before its constants are bound (that segfaults).
+Packages of the encoder and the CFM take their constants from ONE shared set of tensors: the
+eager model's own parameters and buffers (the runtime holds them anyway for the eager fallback),
+bound with `load_constants(..., user_managed=True)`, so no copy is made. A package is never run
+before its constants are bound (that segfaults). A unit whose export lifted constants of its own
+(HiFT) is built with every constant inside the package (`extra["constants_in_so"]`).
+
+The CFM is compiled as one Euler step (`extra["cfm_step"]`) and replayed n times by
+`EulerReplay`. On CUDA every engine is captured once into a CUDA graph at load (static input
+buffers; packages loaded with run_single_threaded=True, as AOTI requires for capture), so a call
+is: copy inputs in, one replay, clone outputs out.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
 
 from runtime.engines.base import ArtifactInfo, Backend, Engine
+from runtime.model.dit import euler_schedule
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64}
 
 
-def consts_path(artifact: Path) -> Path:
-    return artifact.with_suffix(".consts.pt")
+def _as_list(out) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+class EulerReplay:
+    """The whole n-step solve from one compiled step: same inputs/outputs as the CFM unit."""
+
+    def __init__(self, step, n_steps: int, device: torch.device):
+        self.step = step
+        ts, dts = euler_schedule(n_steps)
+        self.t = [torch.tensor([v], dtype=torch.float32, device=device) for v in ts]
+        self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
+
+    def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache):
+        # A package loaded with run_single_threaded=True may hand back the same output buffers
+        # on every call: copy each step's outputs out before the next step runs.
+        x, n = x0, len(self.t)
+        cnn_out = att_out = None
+        for s in range(n):
+            x, c, a = self.step(mu, spk, cond, x, cnn_cache[s], att_cache[s], self.t[s], self.dt[s])
+            x = x.clone()
+            if cnn_out is None:
+                cnn_out = c.new_empty((n,) + tuple(c.shape))
+                att_out = a.new_empty((n,) + tuple(a.shape))
+            cnn_out[s].copy_(c)
+            att_out[s].copy_(a)
+        return x, cnn_out, att_out
+
+
+class CudaGraphed:
+    """Capture `fn(*static_inputs)` once; each call copies inputs in, replays, clones outputs.
+
+    Outputs are cloned because callers keep them (stream caches) while the next replay, for
+    another stream, overwrites the static buffers.
+    """
+
+    def __init__(self, fn, shapes, dtypes, device: torch.device):
+        self.inputs = [torch.zeros(s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):                       # warm-up outside the capture
+                fn(*self.inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = _as_list(fn(*self.inputs))
+
+    def __call__(self, *inputs):
+        for dst, src in zip(self.inputs, inputs):
+            dst.copy_(src)
+        self.graph.replay()
+        return [o.clone() for o in self.outputs]
 
 
 class AOTIEngine(Engine):
-    def __init__(self, info: ArtifactInfo, runner, device: torch.device, keep: dict):
-        self.info, self._runner, self.device, self._keep = info, runner, device, keep
+    def __init__(self, info: ArtifactInfo, fn, device: torch.device, keep: list):
+        self.info, self._fn, self.device, self._keep = info, fn, device, keep
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         args = [t.to(self.device).contiguous() for t in inputs]
-        out = self._runner(*args)
-        return list(out) if isinstance(out, (list, tuple)) else [out]
+        return _as_list(self._fn(*args))
 
     def release(self) -> None:
-        self._runner = None
-        self._keep = {}
+        self._fn = None
+        self._keep = []
 
 
 class AOTIBackend(Backend):
     name = "aoti"
     suffix = ".pt2"
+
+    def __init__(self, cuda_graphs: bool = True):
+        self.cuda_graphs = cuda_graphs
 
     def require(self) -> None:
         return None                     # part of torch
@@ -48,19 +108,24 @@ class AOTIBackend(Backend):
              device: torch.device) -> Engine:
         if weights is None:
             raise ValueError("AOTI packages are built without weights: pass the component's shared weights")
-        runner = torch._inductor.aoti_load_package(str(info.path))
-        extra = torch.load(consts_path(info.path), map_location=device, weights_only=True) \
-            if consts_path(info.path).is_file() else {}
-        fqns = runner.get_constant_fqns()
-        table = {}
-        missing = []
-        for fqn in fqns:
-            t = extra.get(fqn, weights.get(fqn))
-            if t is None:
-                missing.append(fqn)
-            else:
-                table[fqn] = t if t.device == device else t.to(device)
-        if missing:
-            raise RuntimeError(f"{len(missing)} constants have no shared tensor, e.g. {missing[:4]}")
-        runner.load_constants(table, check_full_update=True, user_managed=True)
-        return AOTIEngine(info, runner, device, table)
+        graphed = self.cuda_graphs and device.type == "cuda"
+        runner = torch._inductor.aoti_load_package(str(info.path), run_single_threaded=graphed)
+        keep = [runner]
+        if not (info.extra or {}).get("constants_in_so"):
+            table, missing = {}, []
+            for fqn in runner.get_constant_fqns():
+                t = weights.get(fqn)
+                if t is None:
+                    missing.append(fqn)
+                else:
+                    table[fqn] = t if t.device == device else t.to(device)
+            if missing:
+                raise RuntimeError(f"{len(missing)} constants have no shared tensor, e.g. {missing[:4]}")
+            runner.load_constants(table, check_full_update=True, user_managed=True)
+            keep.append(table)
+        fn = runner
+        if (info.extra or {}).get("cfm_step"):
+            fn = EulerReplay(runner, int(info.extra.get("n_steps", 10)), device)
+        if graphed and info.input_shapes:
+            fn = CudaGraphed(fn, info.input_shapes, [DTYPES[d] for d in info.input_dtypes], device)
+        return AOTIEngine(info, fn, device, keep)

@@ -20,6 +20,13 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale) + shift
 
 
+def parts(x: torch.Tensor, n: int, dim: int) -> list[torch.Tensor]:
+    """`x.chunk(n, dim)` as n slices. The ONNX exporter turns chunk/split into SplitToSequence +
+    SequenceAt, which the TensorRT parser rejects; slices export as plain Slice ops."""
+    size = x.shape[dim] // n
+    return [x.narrow(dim, i * size, size) for i in range(n)]
+
+
 def euler_schedule(n_steps: int) -> tuple[list[float], list[float]]:
     """(t, dt) per step of the cosine schedule t = 1 - cos(linspace(0, 1, n+1) * pi / 2).
 
@@ -83,7 +90,7 @@ class Attention(nn.Module):
         q = self.q_norm(self._heads(self.to_q(x)))
         k = self.k_norm(self._heads(self.to_k(x)))
         v = self._heads(self.to_v(x))
-        k_cache, v_cache = att_cache.split(self.head_dim, dim=-1)
+        k_cache, v_cache = parts(att_cache, 2, -1)
         k = torch.cat([k, k_cache], dim=2)
         v = torch.cat([v, v_cache], dim=2)
         out = F.scaled_dot_product_attention(q, k, v)
@@ -109,7 +116,7 @@ class CausalConvBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, c); cnn_cache: (b, 2c, 2) -> y (b, T, c), new cache (b, 2c, 2)."""
-        c1, c2 = cnn_cache.split(self.channels, dim=1)
+        c1, c2 = parts(cnn_cache, 2, 1)
         h = torch.cat([c1, x.transpose(1, 2)], dim=2)
         new1 = h[..., -self.context:]
         h = self.block[1](h)
@@ -146,7 +153,7 @@ class DiTBlock(nn.Module):
     def forward(self, x, temb, cnn_cache, att_cache):
         """x: (b, T, d); temb: (1 or b, 1, d); caches as in Attention / CausalConvBlock."""
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
-         shift_conv, scale_conv, gate_conv) = self.adaLN_modulation(temb).chunk(9, dim=-1)
+         shift_conv, scale_conv, gate_conv) = parts(self.adaLN_modulation(temb), 9, -1)
         a, new_att = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache)
         x = x + gate_msa * a
         c, new_cnn = self.conv(modulate(self.norm3(x), shift_conv, scale_conv), cnn_cache)
@@ -163,7 +170,7 @@ class FinalLayer(nn.Module):
         self.linear = nn.Linear(hidden, out_channels)
 
     def forward(self, x, temb):
-        shift, scale = self.adaLN_modulation(temb).chunk(2, dim=-1)
+        shift, scale = parts(self.adaLN_modulation(temb), 2, -1)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
@@ -178,15 +185,18 @@ class DiT(nn.Module):
         self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.depth)])
         self.final_layer = FinalLayer(cfg.hidden, out_channels)
 
-    def forward(self, h_in: torch.Tensor, t: float, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
+    def forward(self, h_in: torch.Tensor, t, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
         """One velocity evaluation.
 
         h_in: (2B, 320, T) = [x ; mu ; spk ; cond] channels, in the weights' dtype
-        t: the step's time (a Python float: one graph per step, constant-folded)
+        t: the step's time: a Python float (constant-folded into the unrolled solve) or a (1,)
+           float32 tensor (one compiled step serves all ten)
         cnn_cache: (depth, 2B, 2*hidden, 2); att_cache: (depth, 2B, heads, L, 2*head_dim)
         -> v (2B, 80, T), new cnn cache (depth, 2B, 2*hidden, 2), new att cache (depth, 2B, heads, T+L, 2*head_dim)
         """
-        temb = self.t_embedder(torch.full((1,), t, dtype=torch.float32, device=h_in.device)).unsqueeze(1)
+        if not isinstance(t, torch.Tensor):
+            t = torch.full((1,), t, dtype=torch.float32, device=h_in.device)
+        temb = self.t_embedder(t).unsqueeze(1)
         x = self.in_proj(h_in.transpose(1, 2))
         cnns, atts = [], []
         for i, block in enumerate(self.blocks):
@@ -212,29 +222,38 @@ class CFMSolver(nn.Module):
         self.cfg_rate = cfg.cfg_rate
         self.ts, self.dts = euler_schedule(cfg.n_timesteps)
 
+    def step(self, mu, spk, cond, x, cnn_cache, att_cache, t, dt):
+        """One Euler step with guidance: x (B, 80, T) float32 -> x + dt * v_guided.
+
+        mu, cond: (B, 80, T) float32; spk: (B, 192) float32 raw embedding; caches of THIS step:
+        cnn (depth, 2B, 2*hidden, 2), att (depth, 2B, heads, L, 2*head_dim); t, dt: Python floats
+        or (1,) float32 tensors. -> (x_next, new cnn cache, new att cache).
+        """
+        wdtype = self.estimator.in_proj.weight.dtype
+        T = mu.shape[2]
+        spk = self.spk_embed_affine_layer(F.normalize(spk, dim=1).to(wdtype))        # (B, 80)
+        zeros = torch.zeros_like(mu, dtype=wdtype)
+        xw = x.to(wdtype)
+        h_in = torch.cat([
+            torch.cat([xw, xw], 0),
+            torch.cat([mu.to(wdtype), zeros], 0),
+            torch.cat([spk, torch.zeros_like(spk)], 0).unsqueeze(-1).expand(-1, -1, T),
+            torch.cat([cond.to(wdtype), zeros], 0),
+        ], dim=1)                                                                     # (2B, 320, T)
+        v, c, a = self.estimator(h_in, t, cnn_cache, att_cache)
+        v_cond, v_uncond = parts(v.float(), 2, 0)
+        return x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond), c, a
+
     def forward(self, mu, spk, cond, x0, cnn_cache, att_cache):
         """mu, cond, x0: (B, 80, T) float32; spk: (B, 192) float32 (raw CAM++ embedding);
         cnn_cache: (steps, depth, 2B, 2*hidden, 2), att_cache: (steps, depth, 2B, heads, L, 2*head_dim)
         in the weights' dtype.
         -> mel (B, 80, T) float32, new cnn cache, new att cache (steps, depth, 2B, heads, T+L, 2*head_dim).
         """
-        wdtype = self.estimator.in_proj.weight.dtype
-        B, _, T = mu.shape
-        spk = self.spk_embed_affine_layer(F.normalize(spk, dim=1).to(wdtype))        # (B, 80)
-        zeros = torch.zeros_like(mu, dtype=wdtype)
-        static = torch.cat([
-            torch.cat([mu.to(wdtype), zeros], 0),
-            torch.cat([spk, torch.zeros_like(spk)], 0).unsqueeze(-1).expand(-1, -1, T),
-            torch.cat([cond.to(wdtype), zeros], 0),
-        ], dim=1)                                                                     # (2B, 240, T)
         x = x0.float()
         cnns, atts = [], []
         for s, (t, dt) in enumerate(zip(self.ts, self.dts)):
-            xw = x.to(wdtype)
-            h_in = torch.cat([torch.cat([xw, xw], 0), static], dim=1)
-            v, c, a = self.estimator(h_in, t, cnn_cache[s], att_cache[s])
-            v_cond, v_uncond = v.float().chunk(2, dim=0)
-            x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond)
+            x, c, a = self.step(mu, spk, cond, x, cnn_cache[s], att_cache[s], t, dt)
             cnns.append(c)
             atts.append(a)
         return x, torch.stack(cnns), torch.stack(atts)

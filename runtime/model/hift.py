@@ -232,7 +232,8 @@ def _hann_periodic(n: int) -> torch.Tensor:
 def _window_envelope(frames: int, n_fft: int, hop: int) -> np.ndarray:
     """Overlap-added squared window of `frames` frames, trimmed n_fft/2 each side: what
     torch.istft(center=True) divides by. (hop*(frames-1),) float32; 1.5 inside, lower at the ends."""
-    w2 = _hann_periodic(n_fft).pow(2).numpy()
+    # numpy, not torch: this runs while torch.export traces forward (fake tensors have no data)
+    w2 = (0.5 - 0.5 * np.cos(2 * math.pi * np.arange(n_fft, dtype=np.float64) / n_fft)) ** 2
     env = np.zeros(hop * (frames - 1) + n_fft)
     for f in range(frames):
         env[f * hop:f * hop + n_fft] += w2

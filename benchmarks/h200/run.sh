@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device call: build the h200_subset AOTI artifacts in parallel shards, merge, bench.
+# Usage (device tool, repo root): bash benchmarks/h200/run.sh   (carry .whl for the peer row)
+set -u
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+PROFILE=${PROFILE:-benchmarks/h200/h200_subset.yaml}
+N=${SHARDS:-13}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+t0=$(date +%s)
+for k in $(seq 1 $N); do
+  timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N > "$OUT/export_s$k.log" 2>&1 &
+done
+wait
+echo "export wall: $(( $(date +%s) - t0 )) s" | tee "$OUT/export_wall.txt"
+python3 cli.py merge /tmp/art/all /tmp/art/s* 2>&1 | tail -2
+python3 cli.py report /tmp/art/all --format markdown > "$OUT/report.md"; python3 cli.py report /tmp/art/all --format json > "$OUT/report.json"
+grep -E "failed|error" "$OUT/report.md" | head -5
+timeout ${BENCH_S:-200} python3 cli.py bench /tmp/art/all --out "$OUT/bench.json" --reps ${REPS:-10} ${BENCH_ARGS:-} 2>&1 | tail -40

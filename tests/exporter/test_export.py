@@ -1,0 +1,163 @@
+"""Exporter: manifest contents, budget cut, resume, AOTI keys, report formats, CLI exit codes."""
+import dataclasses
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli import app
+from exporter.export import export_profile, verify_directory
+from exporter.plan import make_plan, precision_weights, stream_keys
+from exporter.report import plot, render
+from runtime.manifest import FORMAT_VERSION, read_manifest
+from runtime.model.weights import load_model
+from runtime.units import ShapeKey
+from tests.conftest import small_profile
+
+runner = CliRunner()
+
+
+def test_planner_follows_the_stream_schedule():
+    p = small_profile(tail_tokens=(13,))
+    model = load_model(p.model)
+    keys = stream_keys(model.cfg, p)
+    cfm = [k.dims for c, k in keys if k.component == "cfm" and c != "tail"]
+    assert cfm == [(1, 50, 100), (1, 50, 150), (1, 50, 200)]        # P -> P+50 -> P+100 (trimmed)
+    hift = [k.dims for c, k in keys if k.component == "hift" and c != "tail"]
+    assert hift == [(1, 50, 0), (1, 58, 3840), (1, 58, 3840)]
+    tail = {k.component: k.dims for c, k in keys if c == "tail"}
+    assert tail == {"flow_encoder": (1, 13, 200, 1), "cfm": (1, 26, 200), "hift": (1, 34, 3840)}
+
+
+def test_manifest_contents(ort_artifacts):
+    m = read_manifest(ort_artifacts)
+    assert m.format_version == FORMAT_VERSION
+    assert m.backend["name"] == "onnxruntime" and m.device == "cpu" and m.torch_version == torch.__version__
+    assert m.model["spec"] == "random:tiny" and len(m.model["digest"]) == 16
+    assert {e.status for e in m.entries} == {"built"} and len(m.entries) == 8
+    for e in m.entries:
+        assert e.parity["passed"] and max(e.parity["rel_l2"].values()) <= e.parity["tol"]
+        assert (ort_artifacts / e.artifact).stat().st_size == e.artifact_bytes
+        assert e.device_bytes is not None and e.build_seconds > 0 and e.identity
+    cfm = [e for e in m.entries if e.component == "cfm"]
+    # weights stored once: every CFM graph's initializers equal the CFM's parameter bytes
+    assert all(e.extra["unique_initializer_bytes"] == cfm[0].extra["unique_initializer_bytes"] for e in cfm)
+    weights_dir = ort_artifacts / "onnxruntime" / "weights"
+    on_disk = sum(f.stat().st_size for f in weights_dir.iterdir())
+    assert on_disk <= 1.05 * sum(m.weight_bytes.values())
+
+
+def test_budget_selects_in_priority_order(tmp_path):
+    p = small_profile()
+    model = load_model(p.model)
+    weights = precision_weights(model, p)
+    full = make_plan(model.cfg, p, weights)
+    # room for the encoder's weights and its keys only: CFM weights (60 MB) do not fit
+    enc = [e for e in full.entries if e.key.component == "flow_encoder"]
+    budget = weights["flow_encoder"] + sum(e.est_bytes for e in enc) + weights["hift"] // 2
+    p = dataclasses.replace(p, budget_bytes=budget)
+    plan = make_plan(model.cfg, p, weights)
+    assert {e.key.component for e in plan.selected} == {"flow_encoder"}
+    assert plan.planned_total() <= budget
+    res = export_profile(p, tmp_path / "a")
+    m = read_manifest(tmp_path / "a")
+    status = {e.id: e.status for e in m.entries}
+    assert sorted(k for k, s in status.items() if s == "built") == sorted(e.key.id for e in plan.selected)
+    assert all(s == "skipped_budget" for k, s in status.items() if not k.startswith("flow_encoder"))
+    assert res.built == 3 and res.failed == 0
+    # steady keys were chosen before first ones (priority steady > first)
+    assert [e.category for e in plan.entries][:2] == ["steady", "steady"]
+
+
+def test_resume_rebuilds_only_the_deleted_artifact(artifacts_copy):
+    m = read_manifest(artifacts_copy)
+    victim = next(e for e in m.entries if e.component == "flow_encoder")
+    (artifacts_copy / victim.artifact).unlink()
+    res = export_profile(small_profile(), artifacts_copy)
+    assert (res.built, res.reused, res.failed) == (1, 7, 0)
+    assert (artifacts_copy / victim.artifact).is_file()
+
+
+def test_verify_passes_and_catches_a_tampered_graph(artifacts_copy):
+    _, checked = verify_directory(artifacts_copy)
+    assert len(checked) == 8 and all(e.status == "built" for e in checked)
+    m = read_manifest(artifacts_copy)
+    e = next(e for e in m.entries if e.component == "cfm")
+    (artifacts_copy / e.artifact).write_bytes(b"not an onnx graph")
+    result = runner.invoke(app, ["verify", str(artifacts_copy)])
+    assert result.exit_code == 1 and "FAIL" in result.output
+
+
+def test_aoti_keys_build_and_pass_parity(tmp_path):
+    """One AOTI key per unit (it compiles C++): the encoder's steady key, a CFM key built as one
+    Euler step that the runtime replays 10 times, and a HiFT key (it lifts constant tables);
+    chosen by priority + budget."""
+    from exporter.backends.aoti import static_libstdcxx_objects
+    p = small_profile()
+    model = load_model(p.model)
+    weights = precision_weights(model, p)
+    keys = (ShapeKey("flow_encoder", (1, 28, 150, 0), "float32"), ShapeKey("cfm", (1, 50, 150), "float32"),
+            ShapeKey("hift", (1, 58, 3840), "float32"))
+    p = dataclasses.replace(p, backend="aoti", extra_keys=keys, priority=("extra", "steady", "first", "tail"))
+    est = sum(e.est_bytes for e in make_plan(model.cfg, p, weights).entries if e.key in keys)
+    p = dataclasses.replace(p, budget_bytes=sum(weights.values()) + est)
+    res = export_profile(p, tmp_path / "aoti")
+    m = read_manifest(tmp_path / "aoti")
+    built = {e.id: e for e in m.entries if e.status == "built"}
+    assert sorted(built) == sorted(k.id for k in keys) and res.failed == 0
+    for e in built.values():
+        assert e.artifact.endswith(".pt2") and e.parity["passed"]
+        # the load-crash signature (a statically linked libstdc++ in the model .so) is refused
+        assert static_libstdcxx_objects(tmp_path / "aoti" / e.artifact) == []
+    assert built["cfm-B1-T50-L150-float32"].extra["cfm_step"] is True
+
+
+def test_report_formats_and_plot(ort_artifacts, tmp_path):
+    m = read_manifest(ort_artifacts)
+    table = render(m, "table")
+    assert "cfm" in table and "B=1 T=50 L=150" in table and "8 built" in table
+    md = render(m, "markdown")
+    assert md.count("\n| cfm") == 3
+    js = json.loads(render(m, "json"))
+    assert js["summary"]["counts"] == {"built": 8}
+    assert js["summary"]["total_bytes"] == js["summary"]["weight_bytes"] + js["summary"]["measured_key_bytes"]
+    png = plot(m, tmp_path / "mem.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    result = runner.invoke(app, ["report", str(ort_artifacts), "--format", "markdown"])
+    assert result.exit_code == 0 and "| flow_encoder" in result.output
+
+
+BAD_PROFILES = [
+    ("colour: red\n", r"unknown key\(s\) \['colour'\]"),
+    ("budget_bytes: 0\n", r"'budget_bytes': received 0; expected a positive byte count"),
+    ("budget_bytes: -5GiB\n", r"'budget_bytes'"),
+    ("backend: tensorflow\n", r"'backend': received 'tensorflow'; expected one of \['onnxruntime', 'aoti', 'tensorrt'\]"),
+    ("schedule: {batch_sizes: 4}\n", r"'schedule.batch_sizes': received 4; expected a list of integers"),
+    ("schedule: {chunk_tokens: [2]}\n", r"'schedule.chunk_tokens': received \[2\]; expected integers >= 4"),
+    ("schedule: {prompt_frames: 301}\n", r"'schedule.prompt_frames': received 301; expected an even number"),
+    ("precision: {hift: float16}\n", r"'precision.hift': received 'float16'; expected one of \['float32'\]"),
+    ("extra_keys: [{component: cfm, B: 1, T: 50}]\n", r"extra_keys\[0\]': received no \['L'\]"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_PROFILES)
+def test_bad_profiles_exit_2_with_one_clear_line(tmp_path, text, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: bad\n" + text)
+    result = runner.invoke(app, ["plan", "--profile", str(f)])
+    assert result.exit_code == 2, result.output
+    out = " ".join(result.output.split())
+    assert str(f) in out
+    import re
+    assert re.search(message, out), out
+
+
+def test_bundled_profile_resolves_by_bare_name_and_tensorrt_fails_fast(tmp_path):
+    result = runner.invoke(app, ["plan", "--profile", "h100"])
+    assert result.exit_code == 0 and "h100" in result.output
+    result = runner.invoke(app, ["export", "--profile", "cpu", "--backend", "tensorrt", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "tensorrt" in result.output and "pip install" in " ".join(result.output.split())
+    result = runner.invoke(app, ["plan", "--profile", "nope"])
+    assert result.exit_code == 2 and "bundled names" in " ".join(result.output.split())
