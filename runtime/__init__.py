@@ -45,12 +45,14 @@ class Runtime:
 
 
 def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: str | None = None,
-         *, lazy: bool = True, trim_conformer: bool | None = None) -> Runtime:
+         *, lazy: bool | None = None, trim_conformer: bool | None = None) -> Runtime:
     """Load an artifact directory for serving.
 
     model: a model spec (checkpoint dir or 'random:...') or an already built Code2Wav; default:
     the spec recorded in the manifest. device: default: the manifest's ('cpu' or 'cuda').
     Precision follows the manifest. A directory that does not match is served eagerly (warning).
+    lazy: load engines on first use (default on CPU) or all at once (default on CUDA, where a
+    CUDA-graph capture during serving would collide with other threads' kernels).
     """
     artifact_dir = Path(artifact_dir)
     meta = {}
@@ -71,6 +73,8 @@ def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: 
         model = load_model(model)
         prec = meta.get("precision", {})
         model.to(torch.device(device), {c: dtype_of(prec.get(c, "float32")) for c in SPECS})
+    if lazy is None:
+        lazy = torch.device(device).type != "cuda"
     if trim_conformer is None:
         trim_conformer = bool(meta.get("schedule", {}).get("trim_conformer", True))
     return Runtime(model, EngineCache(artifact_dir, model, device, lazy=lazy), trim_conformer=trim_conformer)
