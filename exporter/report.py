@@ -85,8 +85,15 @@ def plot(m: Manifest, path: Path) -> Path:
             h = (e.device_bytes or e.est_bytes) / 2**20
             ax.bar(i, h, bottom=bottom, edgecolor="k", linewidth=0.3)
             bottom += h
+    # the budget covers the whole directory: a last bar stacks every component's total
+    bottom = 0.0
+    for i, c in enumerate(comps):
+        h = (m.weight_bytes.get(c, 0) + sum((e.device_bytes or e.est_bytes) for e in built if e.component == c)) / 2**20
+        ax.bar(len(comps), h, bottom=bottom, color=f"C{i}", edgecolor="k", linewidth=0.3)
+        ax.text(len(comps), bottom + h / 2, c, ha="center", va="center", fontsize=7)
+        bottom += h
     ax.axhline(m.budget_bytes / 2**20, color="r", linestyle="--", label="budget (whole directory)")
-    ax.set_xticks(range(len(comps)), comps)
+    ax.set_xticks(range(len(comps) + 1), comps + ["total"])
     ax.set_ylabel("MiB")
     ax.set_title(f"{m.profile['name']} / {m.backend['name']}: memory per key (measured)")
     ax.legend()
