@@ -92,15 +92,10 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
     art_dir = out_dir / profile.backend
     art_dir.mkdir(parents=True, exist_ok=True)
     first_write = True
-    todo = [e for e in plan.selected]
-    for i, pk in enumerate(plan.entries):
+    todo = {pk.key: i for i, pk in enumerate(plan.selected)}          # shard assignment order
+    for pk in plan.entries:
         key = pk.key
-        entry = Entry(id=key.id, component=key.component, dims=key.to_dict(), dtype=key.dtype,
-                      category=pk.category, status="skipped_budget", est_bytes=pk.est_bytes,
-                      input_names=list(SPECS[key.component].input_names(key)),
-                      output_names=list(SPECS[key.component].output_names))
-        entry.dims.pop("component")
-        entry.dims.pop("dtype")
+        entry = entry_for(pk, "pending" if pk.selected else "skipped_budget")
         manifest.entries.append(entry)
         if not pk.selected:
             continue
@@ -114,14 +109,13 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
             old.category, old.est_bytes = pk.category, pk.est_bytes
             result.reused += 1
             continue
-        if not _in_shard(todo.index(pk), shard):
-            entry.status = "pending"
+        if not _in_shard(todo[key], shard):
             continue
         if first_write:            # a manifest exists from the first build on, even if killed mid-key
             write_manifest(out_dir, _with_pending(manifest, plan, len(manifest.entries)))
             first_write = False
         if on_progress:
-            on_progress(key.id, todo.index(pk), len(todo))
+            on_progress(key.id, todo[key], len(todo))
         _build_entry(model, device, profile, backend, art_dir, out_dir, key, entry)
         if entry.status == "built":
             result.built += 1
@@ -132,15 +126,21 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
     return result
 
 
+def entry_for(pk, status: str) -> Entry:
+    """A manifest entry for a planned key, before anything is built."""
+    key, spec = pk.key, SPECS[pk.key.component]
+    return Entry(id=key.id, component=key.component, dtype=key.dtype, category=pk.category, status=status,
+                 dims={n: v for n, v in key.to_dict().items() if n not in ("component", "dtype")},
+                 est_bytes=pk.est_bytes, input_names=list(spec.input_names(key)),
+                 output_names=list(spec.output_names))
+
+
 def _with_pending(manifest: Manifest, plan: Plan, done: int) -> Manifest:
-    """The manifest so far plus every later key as `pending` (what a killed export leaves)."""
+    """The manifest so far plus every later key (what a killed export leaves behind)."""
     import copy
     m = copy.copy(manifest)
-    m.entries = list(manifest.entries) + [
-        Entry(id=pk.key.id, component=pk.key.component,
-              dims={n: v for n, v in pk.key.to_dict().items() if n not in ("component", "dtype")},
-              dtype=pk.key.dtype, category=pk.category, status="pending", est_bytes=pk.est_bytes)
-        for pk in plan.entries[done:]]
+    m.entries = list(manifest.entries) + [entry_for(pk, "pending" if pk.selected else "skipped_budget")
+                                          for pk in plan.entries[done:]]
     return m
 
 

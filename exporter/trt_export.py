@@ -76,9 +76,9 @@ def variant_onnx(model, key: ShapeKey, variant: str, onnx_dir: Path, device) -> 
 def export_tensorrt(profile, out_dir: Path, *, dry_run: bool, shard=(1, 1), on_progress=None):
     """Plan, export + check one ONNX per graph variant, and (with TensorRT) build one plan per
     variant and verify every key's profile against eager. `shard` splits the variants."""
-    from exporter.export import ExportResult, new_manifest, prepare_model
+    from exporter.export import ExportResult, entry_for, new_manifest, prepare_model
     from exporter.trt_check import errors
-    from runtime.manifest import Entry, file_sha256, write_manifest
+    from runtime.manifest import file_sha256, write_manifest
     from runtime.verify import check_entry
 
     backend = get_backend("tensorrt")
@@ -105,11 +105,7 @@ def export_tensorrt(profile, out_dir: Path, *, dry_run: bool, shard=(1, 1), on_p
         if dry_run:
             continue
         spec = SPECS[pks[0].key.component]
-        entries = [Entry(id=pk.key.id, component=pk.key.component, dtype=pk.key.dtype, category=pk.category,
-                         status="failed", est_bytes=pk.est_bytes,
-                         dims={d: v for d, v in pk.key.to_dict().items() if d not in ("component", "dtype")},
-                         input_names=list(spec.input_names(pk.key)), output_names=list(spec.output_names))
-                   for pk in pks]
+        entries = [entry_for(pk, "failed") for pk in pks]
         manifest.entries += entries
         if errors(findings):
             for e in entries:

@@ -3,7 +3,6 @@ semantics: trim, HiFT caches, Hamming cross-fade, final chunk), batching, bad in
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from cosyvoice2.flow.decoder_dit import DiT as OracleDiT
 from cosyvoice2.flow.flow import CausalMaskedDiffWithXvec

@@ -1,5 +1,4 @@
 """CFM estimator + whole Euler solve: parity with the step-audio2 oracle, batching, export."""
-import pytest
 import torch
 import torch.nn.functional as F
 
