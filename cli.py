@@ -136,8 +136,9 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
         from exporter.trt_check import format_findings
         console.print(format_findings(res.findings), highlight=False)
     if dry_run:
+        from exporter.trt_check import errors
         console.print(f"dry run: {len(res.plan.selected)} keys would be built into {out}")
-        raise typer.Exit(res.exit_code)
+        raise typer.Exit(1 if errors(res.findings) else 0)
     console.print(render(res.manifest), highlight=False, soft_wrap=True)
     console.print(f"{res.built} built, {res.reused} reused, {res.failed} failed -> {out / 'manifest.json'}")
     raise typer.Exit(res.exit_code)
