@@ -1,11 +1,14 @@
 """`c2w bench`: engines against eager at the same precision, per key and per streaming chunk.
 
-Per built key: median / p95 latency of eager, of the engine called directly, and of the engine
-under CUDA-graph replay (CUDA events after warm-up on GPU; perf_counter on CPU), and the rel-L2
-of the engine's outputs against eager on the same inputs (the timed calls compute the same
-function). Per batch size: stage latency of a first and a steady chunk (encoder + CFM + HiFT +
-cache handling) through the streaming driver, eager vs engines, and audio-seconds per second.
-If step-audio2 is importable: its B=1 eager chunk as the peer row. Never asserts a time.
+Per built key: median / p95 latency of eager, of eager under CUDA-graph replay (GPU), of the
+engine called directly, and of the engine under CUDA-graph replay (CUDA events after warm-up on
+GPU; perf_counter on CPU); the rel-L2 of the engine's outputs against eager on the same inputs
+(the timed calls compute the same function), and, for reduced precision, the fidelity (rel-L2,
+SNR dB) of eager and engine against the float32 model. Per batch size: stage latency of a first
+and a steady chunk (encoder + CFM + HiFT + cache handling) through the streaming driver, eager
+vs engines, and audio-seconds per second; device memory before/after loading every engine; the
+session's audio SNR against float32 eager. If step-audio2 is importable: its B=1 eager chunk as
+the peer row. Never asserts a time.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import torch
 
 from runtime.cache import EngineCache
 from runtime.engines import get_backend
+from runtime.engines.aoti import CudaGraphed, GraphPool
 from runtime.manifest import read_manifest
 from runtime.model.weights import load_model
 from runtime.stream import StreamDriver
@@ -49,6 +53,17 @@ def timed(fn, device: torch.device, warmup: int, reps: int) -> dict:
             "reps": reps}
 
 
+def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """10 log10(|ref|^2 / |x - ref|^2) in float64 (inf when equal)."""
+    x, ref = x.double().cpu(), ref.double().cpu()
+    err = (x - ref).pow(2).sum().item()
+    return float("inf") if err == 0 else 10 * torch.log10(ref.pow(2).sum() / err).item()
+
+
+def fidelity(got: torch.Tensor, ref: torch.Tensor) -> dict:
+    return {"rel_l2": rel_l2(got.float().cpu(), ref.float().cpu()), "snr_db": snr_db(got, ref)}
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -66,6 +81,8 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     model = load_model(manifest.model["spec"])
     model.to(device, {c: dtype_of(manifest.precision[c]) for c in SPECS})
     eager = EagerRunner(model)
+    reduced = any(manifest.precision[c] != "float32" for c in SPECS)
+    eager32 = EagerRunner(load_model(manifest.model["spec"]).to(device)) if reduced else None
     res = {"device": manifest.device, "torch": torch.__version__, "backend": manifest.backend,
            "model": manifest.model, "precision": manifest.precision, "commit": _commit(),
            "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "keys": [], "stream": []}
@@ -78,26 +95,47 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
                "build_seconds": e.build_seconds, "device_bytes": e.device_bytes}
         row["eager"] = timed(lambda: eager.run(key, inputs), device, warmup, reps)
         want = eager.run(key, inputs)
+        ref32 = None
+        if eager32 is not None and e.dtype != "float32":
+            ref32 = eager32.run(key, [t.float() if t.is_floating_point() else t for t in inputs])[0]
+            row["eager"]["fp32_fidelity"] = fidelity(want[0], ref32)
+        info = artifact_info(artifact_dir, e, model.cfg)
         weights = unit_weights(eager.unit(key))
         variants = [("engine", False), ("engine_graph", True)] if device.type == "cuda" else [("engine", False)]
+        if device.type == "cuda":
+            try:
+                g = CudaGraphed(lambda *a: eager.run(key, list(a)), info.input_shapes,
+                                [t.dtype for t in inputs], device, GraphPool(device))
+                row["eager_graph"] = timed(lambda: g(*inputs), device, warmup, reps)
+                row["eager_graph"]["max_rel_l2_vs_eager"] = max(rel_l2(a, b) for a, b in zip(g(*inputs), want))
+                del g
+            except Exception as exc:
+                row["eager_graph"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         for name, graphs in variants:
             backend = get_backend(manifest.backend["name"])
             if hasattr(backend, "cuda_graphs"):
-                backend.cuda_graphs = graphs
+                backend.cuda_graphs, backend.graph_max_bytes = graphs, None
             try:
-                eng = backend.load(artifact_info(artifact_dir, e, model.cfg), weights, device)
+                eng = backend.load(info, weights, device)
                 got = eng.run(inputs)
                 row[name] = timed(lambda: eng.run(inputs), device, warmup, reps)
                 row[name]["max_rel_l2_vs_eager"] = max(rel_l2(g.to(w.device), w) for g, w in zip(got, want))
+                if ref32 is not None:
+                    row[name]["fp32_fidelity"] = fidelity(got[0], ref32)
                 eng.release()
+                del eng
             except Exception as exc:  # a variant that cannot run is reported, not fatal
                 row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            backend.release_shared()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         best = min((row[v]["median_ms"] for v, _ in variants if "median_ms" in row[v]), default=None)
         row["speedup_vs_eager"] = row["eager"]["median_ms"] / best if best else None
         res["keys"].append(row)
         print(f"  {e.id}: eager {row['eager']['median_ms']:.2f} ms, best engine "
               f"{best if best is None else round(best, 3)} ms", flush=True)
-    res["stream"] = bench_stream(model, artifact_dir, manifest, device, stream_batches, reps=max(5, reps // 2))
+    res["stream"] = bench_stream(model, artifact_dir, manifest, device, stream_batches, reps=max(5, reps // 2),
+                                 model32=eager32.model if eager32 is not None else None)
     if peer and device.type == "cuda":
         res["peer"] = bench_peer(model, device, reps=max(5, reps // 2))
     if device.type == "cuda":
@@ -105,22 +143,57 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     return res
 
 
-def bench_stream(model, artifact_dir, manifest, device, batches, reps: int) -> list[dict]:
+def _prompt(model, B: int, P: int, N: int, device):
+    g = torch.Generator().manual_seed(B)
+    prompt = torch.randint(0, model.cfg.vocab_size, (B, P // 2), generator=g)
+    pmel, spk = torch.randn(B, P, 80, generator=g), torch.randn(B, 192, generator=g)
+    tok = torch.randint(0, model.cfg.vocab_size, (B, N), generator=g).to(device)
+    return prompt, pmel, spk, tok
+
+
+def load_memory(cache_factory, model, device) -> dict:
+    """Device bytes added by loading every engine of the directory (the eager model, whose
+    weights the engines share, is already resident)."""
+    from exporter.plan import weight_bytes
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated(device)
+    reserved = torch.cuda.memory_reserved(device)
+    cache = cache_factory()
+    torch.cuda.synchronize(device)
+    engines: dict[str, int] = {}
+    for key in cache.keys:
+        if cache._engine(key) is not None:
+            engines[key.component] = engines.get(key.component, 0) + 1
+    torch.cuda.synchronize(device)
+    return cache, {"weights_bytes": weight_bytes(model), "engines": engines,
+                   "allocated_before": before, "allocated_after": torch.cuda.memory_allocated(device),
+                   "added_bytes": torch.cuda.memory_allocated(device) - before,
+                   "added_reserved_bytes": torch.cuda.memory_reserved(device) - reserved,
+                   "unusable": cache.unusable()}
+
+
+def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, model32=None) -> list[dict]:
     """Per batch size: the first chunk and a steady chunk, eager vs engines (28-token chunks and
-    any other chunk size of the profile)."""
+    any other chunk size of the profile); on GPU also the memory the engines add at load and a
+    B=1 session's audio SNR against the float32 model."""
     sched = manifest.schedule
     P = sched.get("prompt_frames", 300)
-    cache = EngineCache(artifact_dir, model, device)
+    trim = sched.get("trim_conformer", True)
     rows = []
+    if device.type == "cuda":
+        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device, lazy=False), model, device)
+        mem["budget_bytes"] = manifest.budget_bytes
+        mem["within_budget"] = sum(mem["weights_bytes"].values()) + mem["added_bytes"] <= manifest.budget_bytes
+        rows.append({"memory": mem})
+    else:
+        cache = EngineCache(artifact_dir, model, device)
     for B in batches or sched.get("batch_sizes", [1]):
         for N in sched.get("chunk_tokens", [28]):
-            g = torch.Generator().manual_seed(B)
-            prompt = torch.randint(0, model.cfg.vocab_size, (B, P // 2), generator=g)
-            pmel, spk = torch.randn(B, P, 80, generator=g), torch.randn(B, 192, generator=g)
-            tok = torch.randint(0, model.cfg.vocab_size, (B, N), generator=g).to(device)
+            prompt, pmel, spk, tok = _prompt(model, B, P, N, device)
             row = {"B": B, "chunk_tokens": N, "prompt_frames": P}
             for name, runner in (("eager", EagerRunner(model)), ("engines", cache)):
-                drv = StreamDriver(model, runner, trim_conformer=sched.get("trim_conformer", True))
+                drv = StreamDriver(model, runner, trim_conformer=trim)
                 st0 = drv.setup(prompt, pmel, spk)
                 for phase in ("first", "steady"):
                     st = _copy_state(st0)
@@ -138,10 +211,27 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int) -> l
             print(f"  stream B={B} N={N}: first {row['engines_first']['median_ms']:.1f} ms "
                   f"(eager {row['eager_first']['median_ms']:.1f}), steady {row['engines_steady']['median_ms']:.1f} ms",
                   flush=True)
+    if model32 is not None:
+        rows.append({"session_fidelity": session_fidelity(model, model32, cache, device, P, trim)})
     res_stats = cache.stats()
     cache.release()
     rows.append({"cache_stats": res_stats})
     return rows
+
+
+def session_fidelity(model, model32, cache, device, P: int, trim: bool, chunks: int = 4) -> dict:
+    """A B=1 session (first chunk + steady 28-token chunks): PCM of the engines (profile
+    precision) and of reduced-precision eager, against float32 eager."""
+    prompt, pmel, spk, tok = _prompt(model, 1, P, 28, device)
+    pcm = {}
+    for name, m, runner in (("engines", model, cache), ("eager", model, EagerRunner(model)),
+                            ("eager_fp32", model32, EagerRunner(model32))):
+        drv = StreamDriver(m, runner, trim_conformer=trim, seed=0)
+        st = drv.setup(prompt, pmel, spk)
+        pcm[name] = torch.cat([drv.step(st, tok).float().cpu() for _ in range(chunks)], dim=-1)
+    ref = pcm["eager_fp32"]
+    return {"chunks": chunks, "samples": ref.shape[-1],
+            "engines_vs_fp32": fidelity(pcm["engines"], ref), "eager_vs_fp32": fidelity(pcm["eager"], ref)}
 
 
 def _copy_state(st):

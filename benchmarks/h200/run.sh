@@ -2,13 +2,13 @@
 # One device call: build the h200_subset AOTI artifacts in parallel shards, merge, bench.
 # Usage (device tool, repo root): bash benchmarks/h200/run.sh   (carry .whl for the peer row)
 set -u
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+N=${SHARDS:-13}
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=$(( N < 16 ? 16 / N : 1 )) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 PROFILE=${PROFILE:-benchmarks/h200/h200_subset.yaml}
-N=${SHARDS:-13}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 t0=$(date +%s)
 for k in $(seq 1 $N); do

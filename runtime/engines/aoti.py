@@ -7,12 +7,17 @@ before its constants are bound (that segfaults). A unit whose export lifted cons
 (HiFT) is built with every constant inside the package (`extra["constants_in_so"]`).
 
 The CFM is compiled as one Euler step (`extra["cfm_step"]`) and replayed n times by
-`EulerReplay`. On CUDA every engine is captured once into a CUDA graph at load (static input
-buffers; packages loaded with run_single_threaded=True, as AOTI requires for capture), so a call
-is: copy inputs in, one replay, clone outputs out.
+`EulerReplay`. On CUDA an engine whose inputs are small enough (`graph_max_bytes`) is captured
+once into a CUDA graph at load (static input buffers; packages loaded with
+run_single_threaded=True, as AOTI requires for capture), so a call is: copy inputs in, one replay,
+clone outputs out. All graphs of a backend share one memory pool for their intermediates
+(`GraphPool`), so N graphs cost N x (static inputs + outputs), not N x workspace. Larger engines
+run the package directly: their kernels are long enough to hide the launches, and static copies
+of multi-GB stream caches would cost more memory and bandwidth than the graph saves.
 """
 from __future__ import annotations
 
+import threading
 from typing import Mapping, Sequence
 
 import torch
@@ -52,6 +57,22 @@ class EulerReplay:
         return x, cnn_out, att_out
 
 
+class GraphPool:
+    """One CUDA-graph memory pool shared by several captures, and what makes sharing it safe.
+
+    Graphs in one pool reuse each other's intermediate memory, so their replays must never
+    overlap: a replay (copy in, replay, clone out) holds `lock`, and waits on the GPU for the
+    previous replay, whichever stream that ran on (no host sync).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.handle = torch.cuda.graph_pool_handle()
+        self.lock = threading.Lock()
+        self.done = torch.cuda.Event()
+        self.used = False
+
+
 class CudaGraphed:
     """Capture `fn(*static_inputs)` once; each call copies inputs in, replays, clones outputs.
 
@@ -59,23 +80,43 @@ class CudaGraphed:
     another stream, overwrites the static buffers.
     """
 
-    def __init__(self, fn, shapes, dtypes, device: torch.device):
+    def __init__(self, fn, shapes, dtypes, device: torch.device, pool: GraphPool | None = None):
+        self.pool = pool or GraphPool(device)
         self.inputs = [torch.zeros(s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(2):                       # warm-up outside the capture
-                fn(*self.inputs)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = _as_list(fn(*self.inputs))
+        with self.pool.lock:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(2):                       # warm-up outside the capture
+                    fn(*self.inputs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=self.pool.handle):
+                self.outputs = _as_list(fn(*self.inputs))
 
     def __call__(self, *inputs):
-        for dst, src in zip(self.inputs, inputs):
-            dst.copy_(src)
-        self.graph.replay()
-        return [o.clone() for o in self.outputs]
+        pool = self.pool
+        with pool.lock:
+            stream = torch.cuda.current_stream(pool.device)
+            if pool.used:
+                stream.wait_event(pool.done)
+            for dst, src in zip(self.inputs, inputs):
+                dst.copy_(src)
+            self.graph.replay()
+            out = [o.clone() for o in self.outputs]
+            pool.done.record(stream)
+            pool.used = True
+        return out
+
+
+def input_bytes(info: ArtifactInfo) -> int:
+    n = 0
+    for shape, dt in zip(info.input_shapes, info.input_dtypes):
+        k = DTYPES[dt].itemsize
+        for d in shape:
+            k *= d
+        n += k
+    return n
 
 
 class AOTIEngine(Engine):
@@ -95,8 +136,23 @@ class AOTIBackend(Backend):
     name = "aoti"
     suffix = ".pt2"
 
-    def __init__(self, cuda_graphs: bool = True):
+    def __init__(self, cuda_graphs: bool = True, graph_max_bytes: int | None = 1 << 30):
         self.cuda_graphs = cuda_graphs
+        self.graph_max_bytes = graph_max_bytes      # None: capture every engine
+        self._pools: dict[torch.device, GraphPool] = {}
+
+    def graphed(self, info: ArtifactInfo, device: torch.device) -> bool:
+        """Whether `load` captures this artifact into a CUDA graph."""
+        return (self.cuda_graphs and device.type == "cuda" and bool(info.input_shapes)
+                and (self.graph_max_bytes is None or input_bytes(info) <= self.graph_max_bytes))
+
+    def pool(self, device: torch.device) -> GraphPool:
+        if device not in self._pools:
+            self._pools[device] = GraphPool(device)
+        return self._pools[device]
+
+    def release_shared(self) -> None:
+        self._pools.clear()
 
     def require(self) -> None:
         return None                     # part of torch
@@ -108,7 +164,7 @@ class AOTIBackend(Backend):
              device: torch.device) -> Engine:
         if weights is None:
             raise ValueError("AOTI packages are built without weights: pass the component's shared weights")
-        graphed = self.cuda_graphs and device.type == "cuda"
+        graphed = self.graphed(info, device)
         runner = torch._inductor.aoti_load_package(str(info.path), run_single_threaded=graphed)
         keep = [runner]
         if not (info.extra or {}).get("constants_in_so"):
@@ -126,6 +182,7 @@ class AOTIBackend(Backend):
         fn = runner
         if (info.extra or {}).get("cfm_step"):
             fn = EulerReplay(runner, int(info.extra.get("n_steps", 10)), device)
-        if graphed and info.input_shapes:
-            fn = CudaGraphed(fn, info.input_shapes, [DTYPES[d] for d in info.input_dtypes], device)
+        if graphed:
+            fn = CudaGraphed(fn, info.input_shapes, [DTYPES[d] for d in info.input_dtypes], device,
+                             self.pool(device))
         return AOTIEngine(info, fn, device, keep)
