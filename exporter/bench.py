@@ -108,7 +108,6 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
                                 [t.dtype for t in inputs], device, GraphPool(device))
                 row["eager_graph"] = timed(lambda: g(*inputs), device, warmup, reps)
                 row["eager_graph"]["max_rel_l2_vs_eager"] = max(rel_l2(a, b) for a, b in zip(g(*inputs), want))
-                del g
             except Exception as exc:
                 row["eager_graph"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         for name, graphs in variants:
@@ -123,7 +122,6 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
                 if ref32 is not None:
                     row[name]["fp32_fidelity"] = fidelity(got[0], ref32)
                 eng.release()
-                del eng
             except Exception as exc:  # a variant that cannot run is reported, not fatal
                 row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             backend.release_shared()
