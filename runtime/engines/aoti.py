@@ -17,6 +17,7 @@ of multi-GB stream caches would cost more memory and bandwidth than the graph sa
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Mapping, Sequence
 
@@ -136,8 +137,12 @@ class AOTIBackend(Backend):
     name = "aoti"
     suffix = ".pt2"
 
-    def __init__(self, cuda_graphs: bool = True, graph_max_bytes: int | None = 1 << 30):
+    def __init__(self, cuda_graphs: bool = True, graph_max_bytes: int | None = 1 << 30,
+                 cfm_graph: str | None = None):
         self.cuda_graphs = cuda_graphs
+        # How a CFM step package is graphed: "step" (one graph per Euler step, replayed n times)
+        # or "solve" (the n-step replay captured as one graph).
+        self.cfm_graph = cfm_graph or os.environ.get("C2W_AOTI_CFM_GRAPH", "step")
         self.graph_max_bytes = graph_max_bytes      # None: capture every engine
         self._pools: dict[torch.device, GraphPool] = {}
 
@@ -164,7 +169,8 @@ class AOTIBackend(Backend):
              device: torch.device) -> Engine:
         if weights is None:
             raise ValueError("AOTI packages are built without weights: pass the component's shared weights")
-        graphed = self.graphed(info, device)
+        cfm_step = bool((info.extra or {}).get("cfm_step"))
+        graphed = self.graphed(info, device) and not (cfm_step and self.cfm_graph == "none")
         runner = torch._inductor.aoti_load_package(str(info.path), run_single_threaded=graphed)
         keep = [runner]
         if not (info.extra or {}).get("constants_in_so"):
@@ -180,9 +186,13 @@ class AOTIBackend(Backend):
             runner.load_constants(table, check_full_update=True, user_managed=True)
             keep.append(table)
         fn = runner
-        if (info.extra or {}).get("cfm_step"):
-            fn = EulerReplay(runner, int(info.extra.get("n_steps", 10)), device)
+        dtypes = [DTYPES[d] for d in info.input_dtypes]
+        if cfm_step and graphed and self.cfm_graph == "step":
+            shapes = list(info.input_shapes[:4]) + [s[1:] for s in info.input_shapes[4:6]] + [(1,), (1,)]
+            fn = CudaGraphed(runner, shapes, dtypes + [torch.float32] * 2, device, self.pool(device))
+            graphed = False
+        if cfm_step:
+            fn = EulerReplay(fn, int(info.extra.get("n_steps", 10)), device)
         if graphed:
-            fn = CudaGraphed(fn, info.input_shapes, [DTYPES[d] for d in info.input_dtypes], device,
-                             self.pool(device))
+            fn = CudaGraphed(fn, info.input_shapes, dtypes, device, self.pool(device))
         return AOTIEngine(info, fn, device, keep)
