@@ -274,30 +274,55 @@ def bench_peer(model, device, reps: int) -> dict:
             "flow_chunk": flow}
 
 
+def _cell(x) -> str:
+    return "-" if not x or "median_ms" not in x else f"{x['median_ms']:.3f} / {x['p95_ms']:.3f}"
+
+
+def _fid(x) -> str:
+    f = (x or {}).get("fp32_fidelity")
+    return "-" if not f else f"{f['rel_l2']:.1e} / {f['snr_db']:.1f}"
+
+
 def to_markdown(res: dict) -> str:
-    lines = [f"Device {res['device']}, torch {res['torch']}, backend {res['backend']['name']} "
-             f"{res['backend']['version']}, model {res['model']['spec']}, precision {res['precision']}, "
-             f"commit {res['commit']}, {res['date']}", "",
-             "| key | eager ms (p50/p95) | engine ms | engine+graph ms | speed-up | rel-L2 vs eager | build s |",
-             "|---|---|---|---|---|---|---|"]
+    head = (f"Device {res['device']}, torch {res['torch']}, backend {res['backend']['name']} "
+            f"{res['backend']['version']}, model {res['model']['spec']}, precision {res['precision']}, "
+            f"commit {res['commit']}, {res['date']}")
+    lines = [head, "", "Per key, ms median / p95. Speed-up: eager / best engine. Fidelity: first output "
+             "against the float32 model, rel-L2 / SNR dB (reduced-precision keys).", "",
+             "| key | eager | eager+graph | engine | engine+graph | speed-up | rel-L2 vs eager "
+             "| fidelity eager | fidelity engine | build s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["keys"]:
-        def cell(v):
-            x = r.get(v)
-            return "-" if not x or "median_ms" not in x else f"{x['median_ms']:.3f} / {x['p95_ms']:.3f}"
         rel = max((r[v].get("max_rel_l2_vs_eager", 0) for v in ("engine", "engine_graph") if v in r
                    and "median_ms" in r[v]), default=float("nan"))
         sp = r.get("speedup_vs_eager")
-        lines.append(f"| {r['id']} | {cell('eager')} | {cell('engine')} | {cell('engine_graph')} | "
-                     f"{'-' if sp is None else f'{sp:.1f}x'} | {rel:.1e} | {r['build_seconds']} |")
-    lines += ["", "| B | chunk tokens | first: eager / engines ms | steady: eager / engines ms | steady audio-s/s | first speed-up | steady speed-up |",
-              "|---|---|---|---|---|---|---|"]
+        best = min((r[v] for v in ("engine_graph", "engine") if "median_ms" in r.get(v, {})),
+                   key=lambda x: x["median_ms"], default=None)
+        lines.append(f"| {r['id']} | {_cell(r.get('eager'))} | {_cell(r.get('eager_graph'))} | "
+                     f"{_cell(r.get('engine'))} | {_cell(r.get('engine_graph'))} | "
+                     f"{'-' if sp is None else f'{sp:.1f}x'} | {rel:.1e} | {_fid(r.get('eager'))} | "
+                     f"{_fid(best)} | {r['build_seconds']} |")
+    lines += ["", "| B | chunk tokens | first: eager / engines ms | steady: eager / engines ms | "
+              "steady audio-s/s | first speed-up | steady speed-up |", "|---|---|---|---|---|---|---|"]
     for r in res["stream"]:
-        if "B" not in r:
-            continue
-        lines.append(f"| {r['B']} | {r['chunk_tokens']} | {r['eager_first']['median_ms']:.1f} / "
-                     f"{r['engines_first']['median_ms']:.1f} | {r['eager_steady']['median_ms']:.1f} / "
-                     f"{r['engines_steady']['median_ms']:.1f} | {r['audio_s_per_s_steady']:.0f} | "
-                     f"{r['speedup_first']:.1f}x | {r['speedup_steady']:.1f}x |")
+        if "B" in r:
+            lines.append(f"| {r['B']} | {r['chunk_tokens']} | {r['eager_first']['median_ms']:.1f} / "
+                         f"{r['engines_first']['median_ms']:.1f} | {r['eager_steady']['median_ms']:.1f} / "
+                         f"{r['engines_steady']['median_ms']:.1f} | {r['audio_s_per_s_steady']:.0f} | "
+                         f"{r['speedup_first']:.1f}x | {r['speedup_steady']:.1f}x |")
+    for r in res["stream"]:
+        if "memory" in r:
+            m = r["memory"]
+            lines += ["", f"Loading every engine ({m['engines']}) added {m['added_bytes'] / 2**20:.0f} MiB of device "
+                      f"memory to the eager model's weights ({sum(m['weights_bytes'].values()) / 2**20:.0f} MiB: "
+                      f"{ {k: round(v / 2**20) for k, v in m['weights_bytes'].items()} } MiB); budget "
+                      f"{m['budget_bytes'] / 2**30:.0f} GiB, within: {m['within_budget']}."]
+        if "session_fidelity" in r:
+            f = r["session_fidelity"]
+            lines += ["", f"Audio of a B=1 session ({f['chunks']} chunks, {f['samples']} samples) against the "
+                      f"float32 model: engines rel-L2 {f['engines_vs_fp32']['rel_l2']:.1e} / SNR "
+                      f"{f['engines_vs_fp32']['snr_db']:.1f} dB; reduced-precision eager "
+                      f"{f['eager_vs_fp32']['rel_l2']:.1e} / {f['eager_vs_fp32']['snr_db']:.1f} dB."]
     peer = res.get("peer", {})
     if "flow_chunk" in peer:
         lines += ["", f"Peer: {peer['what']}: {peer['flow_chunk']['median_ms']:.1f} ms (p95 {peer['flow_chunk']['p95_ms']:.1f})"]

@@ -12,7 +12,7 @@ PROFILE=${PROFILE:-benchmarks/h200/h200_subset.yaml}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 t0=$(date +%s)
 for k in $(seq 1 $N); do
-  C2W_AOTI_CFM_GRAPH=${EXPORT_CFM_GRAPH:-step} timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N > "$OUT/export_s$k.log" 2>&1 &
+  timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N > "$OUT/export_s$k.log" 2>&1 &
 done
 wait
 echo "export wall: $(( $(date +%s) - t0 )) s" | tee "$OUT/export_wall.txt"

@@ -7,13 +7,16 @@ before its constants are bound (that segfaults). A unit whose export lifted cons
 (HiFT) is built with every constant inside the package (`extra["constants_in_so"]`).
 
 The CFM is compiled as one Euler step (`extra["cfm_step"]`) and replayed n times by
-`EulerReplay`. On CUDA an engine whose inputs are small enough (`graph_max_bytes`) is captured
-once into a CUDA graph at load (static input buffers; packages loaded with
+`EulerReplay`. On CUDA an engine whose graph inputs are small enough (`graph_max_bytes`) is
+captured into a CUDA graph at load (static input buffers; packages loaded with
 run_single_threaded=True, as AOTI requires for capture), so a call is: copy inputs in, one replay,
-clone outputs out. All graphs of a backend share one memory pool for their intermediates
-(`GraphPool`), so N graphs cost N x (static inputs + outputs), not N x workspace. Larger engines
-run the package directly: their kernels are long enough to hide the launches, and static copies
-of multi-GB stream caches would cost more memory and bandwidth than the graph saves.
+clone outputs out. For the CFM the graph is ONE Euler step, replayed n times per chunk: capturing
+the n-step replay of a single-threaded package as one graph computes the right values only for
+the first inputs after capture and NaN for any other (H200, benchmarks/aoti_repro/README.md).
+All graphs of a backend share one memory pool for their intermediates (`GraphPool`), so N graphs
+cost N x (static inputs + outputs), not N x workspace. Larger engines run the package directly:
+their kernels are long enough to hide the launches, and static copies of multi-GB stream caches
+would cost more memory and bandwidth than the graph saves. C2W_AOTI_CUDA_GRAPHS=0 turns graphs off.
 """
 from __future__ import annotations
 
@@ -110,14 +113,30 @@ class CudaGraphed:
         return out
 
 
-def input_bytes(info: ArtifactInfo) -> int:
+def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.dtype]]:
+    """Shapes and dtypes of what one CUDA graph of this artifact takes: the unit's inputs, or for
+    a CFM step package ONE step's (mu, spk, cond, x, cnn and att caches of that step, t, dt)."""
+    shapes, dtypes = [tuple(s) for s in info.input_shapes], [DTYPES[d] for d in info.input_dtypes]
+    if (info.extra or {}).get("cfm_step"):
+        shapes = shapes[:4] + [s[1:] for s in shapes[4:6]] + [(1,), (1,)]
+        dtypes = dtypes + [torch.float32] * 2
+    return shapes, dtypes
+
+
+def nbytes(shapes, dtypes) -> int:
     n = 0
-    for shape, dt in zip(info.input_shapes, info.input_dtypes):
-        k = DTYPES[dt].itemsize
+    for shape, dt in zip(shapes, dtypes):
+        k = dt.itemsize
         for d in shape:
             k *= d
         n += k
     return n
+
+
+# Measured on the H200 (benchmarks/h200/results/profile_depth2): graphs pay off where launches
+# dominate (CFM B=1: 3.2 vs 10.0 ms; B=8: 4.3 vs 10.1 ms per 2-block solve) and not at B=32
+# (7.8 vs 7.8 ms), where one step's static att cache alone is 0.8-1.7 GB.
+GRAPH_MAX_BYTES = 512 << 20
 
 
 class AOTIEngine(Engine):
@@ -137,19 +156,18 @@ class AOTIBackend(Backend):
     name = "aoti"
     suffix = ".pt2"
 
-    def __init__(self, cuda_graphs: bool = True, graph_max_bytes: int | None = 1 << 30,
-                 cfm_graph: str | None = None):
+    def __init__(self, cuda_graphs: bool | None = None, graph_max_bytes: int | None = GRAPH_MAX_BYTES):
+        if cuda_graphs is None:
+            cuda_graphs = os.environ.get("C2W_AOTI_CUDA_GRAPHS", "1") != "0"
         self.cuda_graphs = cuda_graphs
-        # How a CFM step package is graphed: "step" (one graph per Euler step, replayed n times)
-        # or "solve" (the n-step replay captured as one graph).
-        self.cfm_graph = cfm_graph or os.environ.get("C2W_AOTI_CFM_GRAPH", "step")
         self.graph_max_bytes = graph_max_bytes      # None: capture every engine
         self._pools: dict[torch.device, GraphPool] = {}
 
     def graphed(self, info: ArtifactInfo, device: torch.device) -> bool:
-        """Whether `load` captures this artifact into a CUDA graph."""
+        """Whether `load` captures this artifact (a CFM package: each of its steps) in a CUDA graph:
+        on CUDA, when the static inputs of one graph are at most `graph_max_bytes`."""
         return (self.cuda_graphs and device.type == "cuda" and bool(info.input_shapes)
-                and (self.graph_max_bytes is None or input_bytes(info) <= self.graph_max_bytes))
+                and (self.graph_max_bytes is None or nbytes(*graph_inputs(info)) <= self.graph_max_bytes))
 
     def pool(self, device: torch.device) -> GraphPool:
         if device not in self._pools:
@@ -169,8 +187,7 @@ class AOTIBackend(Backend):
              device: torch.device) -> Engine:
         if weights is None:
             raise ValueError("AOTI packages are built without weights: pass the component's shared weights")
-        cfm_step = bool((info.extra or {}).get("cfm_step"))
-        graphed = self.graphed(info, device) and not (cfm_step and self.cfm_graph == "none")
+        graphed = self.graphed(info, device)
         runner = torch._inductor.aoti_load_package(str(info.path), run_single_threaded=graphed)
         keep = [runner]
         if not (info.extra or {}).get("constants_in_so"):
@@ -185,14 +202,7 @@ class AOTIBackend(Backend):
                 raise RuntimeError(f"{len(missing)} constants have no shared tensor, e.g. {missing[:4]}")
             runner.load_constants(table, check_full_update=True, user_managed=True)
             keep.append(table)
-        fn = runner
-        dtypes = [DTYPES[d] for d in info.input_dtypes]
-        if cfm_step and graphed and self.cfm_graph == "step":
-            shapes = list(info.input_shapes[:4]) + [s[1:] for s in info.input_shapes[4:6]] + [(1,), (1,)]
-            fn = CudaGraphed(runner, shapes, dtypes + [torch.float32] * 2, device, self.pool(device))
-            graphed = False
-        if cfm_step:
+        fn = CudaGraphed(runner, *graph_inputs(info), device, self.pool(device)) if graphed else runner
+        if (info.extra or {}).get("cfm_step"):
             fn = EulerReplay(fn, int(info.extra.get("n_steps", 10)), device)
-        if graphed:
-            fn = CudaGraphed(fn, info.input_shapes, dtypes, device, self.pool(device))
         return AOTIEngine(info, fn, device, keep)

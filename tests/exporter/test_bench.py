@@ -35,3 +35,33 @@ def test_bench_cli_writes_json_and_markdown(ort_artifacts, tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["keys"][0]["id"] == "flow_encoder-B1-N28-C100-last0-float32"
     assert out.with_suffix(".md").read_text().startswith("Device cpu")
+
+
+def test_snr_and_fidelity_values():
+    import torch
+
+    from exporter.bench import fidelity, snr_db
+    ref = torch.ones(1000, dtype=torch.float64)
+    assert snr_db(ref, ref) == float("inf")
+    assert abs(snr_db(ref * 1.1, ref) - 20.0) < 1e-9            # error 0.1 of the signal -> 20 dB
+    f = fidelity(ref * 0.99, ref)
+    assert abs(f["rel_l2"] - 0.01) < 1e-9 and abs(f["snr_db"] - 40.0) < 1e-9
+
+
+def test_session_fidelity_plumbing(ort_artifacts):
+    """Same function on both sides: float32 eager against itself is exact; the engines (fp32 ORT)
+    stay within the HiFT engine tolerance of it."""
+    import torch
+
+    from exporter.bench import session_fidelity
+    from runtime.cache import EngineCache
+    from runtime.manifest import read_manifest
+    from runtime.model.weights import load_model
+    m = read_manifest(ort_artifacts)
+    model = load_model(m.model["spec"])
+    cache = EngineCache(ort_artifacts, model)
+    f = session_fidelity(model, model, cache, torch.device("cpu"), P=m.schedule["prompt_frames"], trim=True, chunks=2)
+    assert f["chunks"] == 2 and f["samples"] > 0
+    assert f["eager_vs_fp32"]["rel_l2"] == 0.0 and f["eager_vs_fp32"]["snr_db"] == float("inf")
+    assert f["engines_vs_fp32"]["rel_l2"] <= 5e-3 and f["engines_vs_fp32"]["snr_db"] > 40
+    assert sum(c["hits"] for c in cache.stats()["cfm"].values()) > 0

@@ -1,0 +1,112 @@
+"""Where the CFM engine's time goes: kernel table of one Euler step, per batch size.
+
+The full-width DiT cut to DEPTH blocks (fast to compile; per-block costs scale to 16 blocks),
+built with c2w's own AOTI path (exporter.backends.aoti.build_aoti) and loaded as served
+(AOTIBackend: one CUDA graph per Euler step). Per batch size B (T=50, L=300, fp16):
+  - median ms of the whole 10-step solve: eager, eager under one CUDA graph, engine (graphs)
+  - torch.profiler over one solve of the engine WITHOUT graphs: kernels per solve, summed kernel
+    time (what a perfect launcher would cost), and the top kernels by time.
+Usage (device): python3 benchmarks/h200/cfm_profile.py --batch 1 [--depth 2] > log
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from exporter.backends.aoti import build_aoti  # noqa: E402
+from exporter.bench import timed  # noqa: E402
+from runtime.engines.aoti import AOTIBackend, CudaGraphed, GraphPool  # noqa: E402
+from runtime.engines.base import ArtifactInfo  # noqa: E402
+from runtime.model.config import preset  # noqa: E402
+from runtime.model.flow import FlowModel  # noqa: E402
+from runtime.model.weights import init_random_  # noqa: E402
+from runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
+from runtime.verify import unit_weights  # noqa: E402
+
+
+class _Model:
+    def __init__(self, flow, cfg):
+        self.flow, self.cfg = flow, cfg
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--T", type=int, default=50)
+    ap.add_argument("--L", type=int, default=300)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    full = preset("full")
+    cfg = dataclasses.replace(full, dit=dataclasses.replace(full.dit, depth=a.depth))
+    flow = FlowModel(cfg)
+    init_random_(flow, 0)
+    flow.eval().to(dev)
+    flow.decoder.estimator.half()
+    flow.spk_embed_affine_layer.half()
+    model = _Model(flow, cfg)
+    key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
+    spec = SPECS["cfm"]
+    unit = spec.build(model, key).eval()
+    x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
+    path = Path(f"/tmp/cfm_profile_B{a.batch}.pt2")
+    t0 = time.time()
+    extra = build_aoti(model, unit, key, x, path)
+    build_s = time.time() - t0
+    info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
+                        tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
+    weights = unit_weights(unit)
+    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "build_s": round(build_s, 1)}
+    with torch.inference_mode():
+        want = unit(*x)
+        res["eager"] = timed(lambda: unit(*x), dev, 3, a.reps)
+        g = CudaGraphed(lambda *i: unit(*i), info.input_shapes, [t.dtype for t in x], dev, GraphPool(dev))
+        res["eager_graph"] = timed(lambda: g(*x), dev, 3, a.reps)
+        eng = AOTIBackend(cuda_graphs=True, graph_max_bytes=None).load(info, weights, dev)
+        res["engine_graph"] = timed(lambda: eng.run(x), dev, 3, a.reps)
+        res["engine_graph"]["rel_l2"] = [rel_l2(o.float(), w.float()) for o, w in zip(eng.run(x), want)]
+        plain = AOTIBackend(cuda_graphs=False).load(info, weights, dev)
+        res["engine"] = timed(lambda: plain.run(x), dev, 3, a.reps)
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            plain.run(x)
+            torch.cuda.synchronize()
+    try:
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        total_us = sum(e.device_time for e in kernels)
+        by_name: dict[str, list] = {}
+        for e in kernels:
+            s = by_name.setdefault(e.name[:90], [0, 0.0])
+            s[0] += 1
+            s[1] += e.device_time
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
+        res["profile"] = {"kernels_per_solve": len(kernels), "kernel_ms_per_solve": total_us / 1e3,
+                          "mean_kernel_us": total_us / max(1, len(kernels)),
+                          "top": [{"name": n, "count": c, "ms": t / 1e3} for n, (c, t) in top]}
+    except Exception as exc:          # profiler API drift: keep the table as text
+        res["profile"] = {"kernels_per_solve": -1, "kernel_ms_per_solve": float("nan"), "mean_kernel_us": 0.0,
+                          "top": [], "error": repr(exc),
+                          "table": prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)}
+    Path(a.out, f"cfm_profile_B{a.batch}_d{a.depth}.json").write_text(json.dumps(res, indent=1))
+    p = res["profile"]
+    print(f"B={a.batch} depth={a.depth}: eager {res['eager']['median_ms']:.2f} ms, eager+graph "
+          f"{res['eager_graph']['median_ms']:.2f}, engine {res['engine']['median_ms']:.2f}, engine+graphs "
+          f"{res['engine_graph']['median_ms']:.2f}; {p['kernels_per_solve']} kernels/solve, kernel time "
+          f"{p['kernel_ms_per_solve']:.2f} ms, mean {p['mean_kernel_us']:.1f} us; build {build_s:.0f} s", flush=True)
+    for t in p["top"][:8]:
+        print(f"   {t['count']:5d} x  {t['ms']:7.3f} ms  {t['name']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Which AOTI engines the runtime captures in CUDA graphs, and with which static inputs.
+
+Pure bookkeeping (no GPU needed): the capture itself runs only on CUDA (benchmarks/h200)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.engines.aoti import GRAPH_MAX_BYTES, AOTIBackend, graph_inputs, nbytes
+from runtime.engines.base import ArtifactInfo
+from runtime.model.config import preset
+from runtime.units import SPECS, ShapeKey
+
+CUDA = torch.device("cuda")
+
+
+def info_for(component, dims, dtype):
+    key, cfg = ShapeKey(component, dims, dtype), preset("full")
+    spec = SPECS[component]
+    extra = {"cfm_step": True, "n_steps": cfg.n_timesteps} if component == "cfm" else {}
+    return ArtifactInfo(Path("x.pt2"), spec.input_names(key), spec.output_names, spec.input_shapes(cfg, key),
+                        tuple(str(d).removeprefix("torch.") for d in spec.input_dtypes(key)), extra)
+
+
+def test_cfm_graph_is_one_euler_step():
+    info = info_for("cfm", (1, 50, 300), "float16")
+    shapes, dtypes = graph_inputs(info)
+    full = info.input_shapes
+    assert shapes == [*full[:4], full[4][1:], full[5][1:], (1,), (1,)]     # caches of ONE step, t, dt
+    assert dtypes == [torch.float32] * 4 + [torch.float16] * 2 + [torch.float32] * 2
+    # one step's att cache at B=1, L=300: depth 16 x 2B x 8 heads x 300 x 128 x 2 bytes
+    assert nbytes(shapes[5:6], dtypes[5:6]) == 16 * 2 * 8 * 300 * 128 * 2
+
+
+@pytest.mark.parametrize("component,dims,dtype,graphed", [
+    ("cfm", (1, 50, 300), "float16", True),
+    ("cfm", (8, 50, 400), "float16", True),
+    ("cfm", (16, 50, 400), "float16", True),
+    ("cfm", (32, 150, 400), "float16", False),         # 1.7 GB of static att cache per step
+    ("flow_encoder", (32, 78, 400, 0), "float16", True),
+    ("hift", (32, 158, 3840), "float32", True),
+])
+def test_graph_size_policy(component, dims, dtype, graphed):
+    info = info_for(component, dims, dtype)
+    assert AOTIBackend(cuda_graphs=True).graphed(info, CUDA) is graphed
+    assert (nbytes(*graph_inputs(info)) <= GRAPH_MAX_BYTES) is graphed
+    assert AOTIBackend(cuda_graphs=True, graph_max_bytes=None).graphed(info, CUDA)   # bench: capture all
+    assert not AOTIBackend(cuda_graphs=False).graphed(info, CUDA)
+    assert not AOTIBackend(cuda_graphs=True).graphed(info, torch.device("cpu"))
+
+
+def test_env_turns_graphs_off(monkeypatch):
+    info = info_for("cfm", (1, 50, 300), "float16")
+    monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "0")
+    assert not AOTIBackend().graphed(info, CUDA)
+    monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "1")
+    assert AOTIBackend().graphed(info, CUDA)
