@@ -45,7 +45,7 @@ def test_snr_and_fidelity_values():
     assert snr_db(ref, ref) == float("inf")
     assert abs(snr_db(ref * 1.1, ref) - 20.0) < 1e-9            # error 0.1 of the signal -> 20 dB
     f = fidelity(ref * 0.99, ref)
-    assert abs(f["rel_l2"] - 0.01) < 1e-9 and abs(f["snr_db"] - 40.0) < 1e-9
+    assert abs(f["rel_l2"] - 0.01) < 1e-6 and abs(f["snr_db"] - 40.0) < 1e-4   # rel-L2 in float32
 
 
 def test_session_fidelity_plumbing(ort_artifacts):
