@@ -13,6 +13,7 @@ the peer row. Never asserts a time.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import time
@@ -65,6 +66,9 @@ def fidelity(got: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def _commit() -> str:
+    """C2W_COMMIT if set (the device tool's copy of the tree carries stale git metadata), else git."""
+    if os.environ.get("C2W_COMMIT"):
+        return os.environ["C2W_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent).stdout.strip() or "unknown"

@@ -10,13 +10,20 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 PROFILE=${PROFILE:-benchmarks/h200/h200_subset.yaml}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
-t0=$(date +%s)
-for k in $(seq 1 $N); do
-  timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N > "$OUT/export_s$k.log" 2>&1 &
-done
-wait
-echo "export wall: $(( $(date +%s) - t0 )) s" | tee "$OUT/export_wall.txt"
-python3 cli.py merge /tmp/art/all /tmp/art/s* 2>&1 | tail -2
-python3 cli.py report /tmp/art/all --format markdown > "$OUT/report.md"; python3 cli.py report /tmp/art/all --format json > "$OUT/report.json"
-grep -E "failed|error" "$OUT/report.md" | head -5
-timeout ${BENCH_S:-200} python3 cli.py bench /tmp/art/all --out "$OUT/bench.json" --reps ${REPS:-10} ${BENCH_ARGS:-} 2>&1 | tail -40
+# SKIP_EXPORT=1: bench what an earlier call left in /tmp/art/all (chain calls within ~30 s).
+if [ -z "${SKIP_EXPORT:-}" ]; then
+  t0=$(date +%s)
+  for k in $(seq 1 $N); do
+    timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N > "$OUT/export_s$k.log" 2>&1 &
+  done
+  wait
+  echo "export wall: $(( $(date +%s) - t0 )) s" | tee "$OUT/export_wall.txt"
+  python3 cli.py merge /tmp/art/all /tmp/art/s* 2>&1 | tail -2
+  python3 cli.py report /tmp/art/all --format markdown > "$OUT/report.md"; python3 cli.py report /tmp/art/all --format json > "$OUT/report.json"
+  cp /tmp/art/all/manifest.json "$OUT/"
+  grep -E "failed|error" "$OUT/report.md" | head -5
+fi
+# BENCH_S=0: export only.
+if [ "${BENCH_S:-200}" != 0 ]; then
+  timeout ${BENCH_S:-200} python3 cli.py bench /tmp/art/all --out "$OUT/bench.json" --reps ${REPS:-10} ${BENCH_ARGS:-} 2>&1 | tail -40
+fi
