@@ -191,7 +191,8 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
 
 @app.command()
 @user_errors
-def bench(out: Path = typer.Argument(..., help="artifact directory (built by c2w export)"),
+def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (default: artifacts/<profile name>)"),
+          profile: Optional[str] = typer.Option(None, "--profile", "-p", help="profile whose artifacts to bench"),
           json_out: Path = typer.Option(Path("bench.json"), "--out", help="JSON results (a .md table beside it)"),
           keys: Optional[str] = typer.Option(None, help="comma-separated key ids (default: every built key)"),
           batches: Optional[str] = typer.Option(None, help="batch sizes for the streaming rows (default: the profile's)"),
@@ -200,6 +201,11 @@ def bench(out: Path = typer.Argument(..., help="artifact directory (built by c2w
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk."""
     from exporter.bench import bench_dir, to_markdown, write
     _quiet(False)
+    if out is None:
+        if profile is None:
+            raise C2WUserError("c2w bench", "no artifact directory and no --profile",
+                               "an artifact directory or --profile NAME", "e.g. c2w bench --profile cpu")
+        out = Path("artifacts") / _load(profile, None, None).name
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
                     stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer)
     write(res, json_out)

@@ -65,3 +65,15 @@ def test_session_fidelity_plumbing(ort_artifacts):
     assert f["eager_vs_fp32"]["rel_l2"] == 0.0 and f["eager_vs_fp32"]["snr_db"] == float("inf")
     assert f["engines_vs_fp32"]["rel_l2"] <= 5e-3 and f["engines_vs_fp32"]["snr_db"] > 40
     assert sum(c["hits"] for c in cache.stats()["cfm"].values()) > 0
+
+
+def test_bench_cli_profile_resolves_the_export_dir(ort_artifacts, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["bench"])
+    assert r.exit_code == 2 and "no artifact directory and no --profile" in r.output
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "cpu").symlink_to(ort_artifacts)        # where `c2w export --profile cpu` writes
+    r = CliRunner().invoke(app, ["bench", "--profile", "cpu", "--out", "b.json", "--reps", "1", "--no-peer",
+                                 "--keys", "hift-B1-F50-S0-float32", "--batches", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "b.json").read_text())["keys"][0]["id"] == "hift-B1-F50-S0-float32"
