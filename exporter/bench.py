@@ -119,9 +119,12 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
             if hasattr(backend, "cuda_graphs"):
                 backend.cuda_graphs, backend.graph_max_bytes = graphs, None
             try:
-                eng = backend.load(info, weights, device)
+                t0 = time.perf_counter()
+                eng = backend.load(info, weights, device)                # includes graph capture
                 got = eng.run(inputs)
+                load_s = time.perf_counter() - t0
                 row[name] = timed(lambda: eng.run(inputs), device, warmup, reps)
+                row[name]["load_and_first_call_s"] = load_s
                 row[name]["max_rel_l2_vs_eager"] = max(rel_l2(g.to(w.device), w) for g, w in zip(got, want))
                 if ref32 is not None:
                     row[name]["fp32_fidelity"] = fidelity(got[0], ref32)

@@ -19,6 +19,7 @@ def test_bench_schema_and_same_function(ort_artifacts):
         # the engine timed is the eager function: same outputs on the same inputs
         assert r["engine"]["max_rel_l2_vs_eager"] <= SPECS[r["component"]].rtol[r["dtype"]]
         assert r["speedup_vs_eager"] > 0
+        assert r["engine"]["load_and_first_call_s"] > 0
     rows = [s for s in res["stream"] if "B" in s]
     assert [(s["B"], s["chunk_tokens"]) for s in rows] == [(1, 28)]
     assert rows[0]["audio_s_per_s_first"] > 0
