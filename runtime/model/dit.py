@@ -103,6 +103,11 @@ class CausalConvBlock(nn.Module):
 
     Indices 1, 3 and 6 of `block` hold the parameters so that keys match upstream
     (`conv.block.1`, `conv.block.3`, `conv.block.6`); the other slots are placeholders.
+
+    Each k=3 convolution runs as ONE matrix product over the three shifted frames, in the
+    (b, T, c) layout the rest of the block uses: on the H200, cuDNN's convolution converted input
+    and weight to NHWC on every call, and the two convolutions took 37 % of the B=1 CFM's kernel
+    time (benchmarks/h200/README.md). Same function, same parameters.
     """
 
     def __init__(self, channels: int, kernel: int = 3):
@@ -114,17 +119,24 @@ class CausalConvBlock(nn.Module):
             nn.Conv1d(channels, channels, kernel), nn.Identity(),
         )
 
+    @staticmethod
+    def _conv(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+        """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out), as a matrix product:
+        frames [t, t + k) stacked so that feature c_in * k + j meets weight[:, c_in, j]."""
+        k = conv.kernel_size[0]
+        t = h.shape[1] - k + 1
+        frames = torch.stack([h.narrow(1, j, t) for j in range(k)], dim=-1)     # (b, T, c, k)
+        return F.linear(frames.flatten(2), conv.weight.flatten(1), conv.bias)
+
     def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, c); cnn_cache: (b, 2c, 2) -> y (b, T, c), new cache (b, 2c, 2)."""
-        c1, c2 = parts(cnn_cache, 2, 1)
-        h = torch.cat([c1, x.transpose(1, 2)], dim=2)
-        new1 = h[..., -self.context:]
-        h = self.block[1](h)
-        h = self.block[4](self.block[3](h.transpose(1, 2))).transpose(1, 2)
-        h = torch.cat([c2, h], dim=2)
-        new2 = h[..., -self.context:]
-        h = self.block[6](h)
-        return h.transpose(1, 2), torch.cat([new1, new2], dim=1)
+        c1, c2 = parts(cnn_cache, 2, 1)                                         # (b, c, 2) each
+        h = torch.cat([c1.transpose(1, 2), x], dim=1)                           # (b, T + 2, c)
+        new1 = h[:, -self.context:]
+        h = self.block[4](self.block[3](self._conv(self.block[1], h)))
+        h = torch.cat([c2.transpose(1, 2), h], dim=1)
+        new2 = h[:, -self.context:]
+        return self._conv(self.block[6], h), torch.cat([new1, new2], dim=2).transpose(1, 2)
 
 
 class MLP(nn.Module):
