@@ -135,7 +135,7 @@ def nbytes(shapes, dtypes) -> int:
 
 # Measured on the H200 (benchmarks/h200/results/profile_depth2): graphs pay off where launches
 # dominate (CFM B=1: 3.2 vs 10.0 ms; B=8: 4.3 vs 10.1 ms per 2-block solve) and not at B=32
-# (7.8 vs 7.8 ms), where one step's static att cache alone is 0.8-1.7 GB.
+# (7.8 vs 7.8 ms), where one step's static att cache alone is 0.6-0.8 GB.
 GRAPH_MAX_BYTES = 512 << 20
 
 

@@ -36,7 +36,7 @@ def test_cfm_graph_is_one_euler_step():
     ("cfm", (1, 50, 300), "float16", True),
     ("cfm", (8, 50, 400), "float16", True),
     ("cfm", (16, 50, 400), "float16", True),
-    ("cfm", (32, 150, 400), "float16", False),         # 1.7 GB of static att cache per step
+    ("cfm", (32, 150, 400), "float16", False),         # 0.84 GB of static att cache per step
     ("flow_encoder", (32, 78, 400, 0), "float16", True),
     ("hift", (32, 158, 3840), "float32", True),
 ])
