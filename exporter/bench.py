@@ -164,13 +164,11 @@ def load_memory(cache_factory, model, device) -> dict:
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated(device)
     reserved = torch.cuda.memory_reserved(device)
-    cache = cache_factory()
+    cache = cache_factory()                                   # lazy=False: loads every engine
     torch.cuda.synchronize(device)
     engines: dict[str, int] = {}
-    for key in cache.keys:
-        if cache._engine(key) is not None:
-            engines[key.component] = engines.get(key.component, 0) + 1
-    torch.cuda.synchronize(device)
+    for key in cache.loaded:
+        engines[key.component] = engines.get(key.component, 0) + 1
     return cache, {"weights_bytes": weight_bytes(model), "engines": engines,
                    "allocated_before": before, "allocated_after": torch.cuda.memory_allocated(device),
                    "added_bytes": torch.cuda.memory_allocated(device) - before,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from runtime.model.config import ModelConfig
 from runtime.stream import KEEP_RECENT
-from runtime.units import DTYPES, SPECS, ShapeKey
+from runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
 
 
 
@@ -81,12 +81,7 @@ def estimate_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
     grow by T frames) + a workspace as large as the largest input. A planning estimate only:
     the manifest records the measured number after the build."""
     spec = SPECS[key.component]
-    sizes = []
-    for shape, dt in zip(spec.input_shapes(cfg, key), spec.input_dtypes(key)):
-        n = 1
-        for d in shape:
-            n *= d
-        sizes.append(n * dt.itemsize)
+    sizes = [tensor_bytes(shape, dt) for shape, dt in zip(spec.input_shapes(cfg, key), spec.input_dtypes(key))]
     return 2 * sum(sizes) + max(sizes)
 
 

@@ -149,6 +149,11 @@ class EngineCache:
     def keys(self) -> list[ShapeKey]:
         return sorted(self._entries)
 
+    @property
+    def loaded(self) -> list[ShapeKey]:
+        """Keys whose engine is loaded now (with lazy=False: every usable artifact)."""
+        return sorted(self._engines)
+
     def release(self) -> None:
         with self._load_lock:
             for eng in self._engines.values():

@@ -7,6 +7,7 @@ nothing else special-cases a component.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -198,6 +199,11 @@ def spec(component: str) -> UnitSpec:
     if component not in SPECS:
         raise C2WUserError("component", repr(component), f"one of {sorted(SPECS)}")
     return SPECS[component]
+
+
+def tensor_bytes(shape, dtype: torch.dtype) -> int:
+    """Bytes of a dense tensor of `shape` and `dtype`."""
+    return math.prod(shape) * dtype.itemsize
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:

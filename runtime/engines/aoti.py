@@ -28,6 +28,7 @@ import torch
 
 from runtime.engines.base import ArtifactInfo, Backend, Engine
 from runtime.model.dit import euler_schedule
+from runtime.units import tensor_bytes
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64}
 
@@ -124,13 +125,7 @@ def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.
 
 
 def nbytes(shapes, dtypes) -> int:
-    n = 0
-    for shape, dt in zip(shapes, dtypes):
-        k = dt.itemsize
-        for d in shape:
-            k *= d
-        n += k
-    return n
+    return sum(tensor_bytes(shape, dt) for shape, dt in zip(shapes, dtypes))
 
 
 # Measured on the H200 (benchmarks/h200/results/profile_depth2): graphs pay off where launches
