@@ -207,7 +207,8 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
                                "an artifact directory or --profile NAME", "e.g. c2w bench --profile cpu")
         out = Path("artifacts") / _load(profile, None, None).name
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
-                    stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer)
+                    stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer,
+                    out=json_out)
     write(res, json_out)
     typer.echo(to_markdown(res))
 

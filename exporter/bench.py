@@ -77,7 +77,10 @@ def _commit() -> str:
 
 
 def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list[str] | None = None,
-              stream_batches: list[int] | None = None, peer: bool = True) -> dict:
+              stream_batches: list[int] | None = None, peer: bool = True, out: Path | None = None) -> dict:
+    """The streaming rows, then every built key (or `keys`), then the peer. With `out`, the JSON
+    and its markdown are rewritten after every streaming row and every key, so a run cut short by
+    a time limit keeps what it measured."""
     manifest = read_manifest(artifact_dir)
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
     torch.backends.cuda.matmul.allow_tf32 = bool(manifest.precision.get("tf32"))
@@ -90,6 +93,9 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     res = {"device": manifest.device, "torch": torch.__version__, "backend": manifest.backend,
            "model": manifest.model, "precision": manifest.precision, "commit": _commit(),
            "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "keys": [], "stream": []}
+    save = (lambda: write(res, out)) if out is not None else (lambda: None)
+    bench_stream(model, artifact_dir, manifest, device, stream_batches, reps=max(5, reps // 2),
+                 model32=eager32.model if eager32 is not None else None, rows=res["stream"], save=save)
     built = [e for e in manifest.entries if e.status == "built" and (not keys or e.id in keys)]
     for e in built:
         key = entry_key(e)
@@ -137,14 +143,14 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         best = min((row[v]["median_ms"] for v, _ in variants if "median_ms" in row[v]), default=None)
         row["speedup_vs_eager"] = row["eager"]["median_ms"] / best if best else None
         res["keys"].append(row)
+        save()
         print(f"  {e.id}: eager {row['eager']['median_ms']:.2f} ms, best engine "
               f"{best if best is None else round(best, 3)} ms", flush=True)
-    res["stream"] = bench_stream(model, artifact_dir, manifest, device, stream_batches, reps=max(5, reps // 2),
-                                 model32=eager32.model if eager32 is not None else None)
     if peer and device.type == "cuda":
         res["peer"] = bench_peer(model, device, reps=max(5, reps // 2))
     if device.type == "cuda":
         res["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
+    save()
     return res
 
 
@@ -176,23 +182,44 @@ def load_memory(cache_factory, model, device) -> dict:
                    "unusable": cache.unusable()}
 
 
-def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, model32=None) -> list[dict]:
-    """Per batch size: the first chunk and a steady chunk, eager vs engines (28-token chunks and
-    any other chunk size of the profile); on GPU also the memory the engines add at load and a
-    B=1 session's audio SNR against the float32 model."""
+def chunk_sizes(manifest, B: int) -> list[int]:
+    """Chunk sizes (tokens) to stream at batch B: the schedule's, plus the N of every built
+    flow-encoder key of this batch size (extra keys such as h200.yaml's B=32 78-token ones)."""
+    sizes = list(manifest.schedule.get("chunk_tokens", [28]))
+    for e in manifest.entries:
+        key = entry_key(e)
+        if e.status == "built" and key.component == "flow_encoder" and key.dims[0] == B and key.dims[1] not in sizes:
+            sizes.append(key.dims[1])
+    return sizes
+
+
+def _served(cache) -> tuple[int, int]:
+    """(engine calls, eager fallbacks) of an EngineCache so far; (0, 0) for an eager runner."""
+    if not hasattr(cache, "stats"):
+        return 0, 0
+    counts = [c for per in cache.stats().values() for c in per.values()]
+    return sum(c["hits"] for c in counts), sum(c["misses"] + c["failures"] for c in counts)
+
+
+def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, model32=None,
+                 rows: list | None = None, save=lambda: None) -> list[dict]:
+    """Per batch size and chunk size: the first chunk and a steady chunk, eager vs engines, with
+    how many unit calls of the engine row an engine served (the rest fell back to eager); on GPU
+    also the memory the engines add at load and a B=1 session's audio SNR against float32."""
     sched = manifest.schedule
     P = sched.get("prompt_frames", 300)
     trim = sched.get("trim_conformer", True)
-    rows = []
+    rows = [] if rows is None else rows
     if device.type == "cuda":
         cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device, lazy=False), model, device)
         mem["budget_bytes"] = manifest.budget_bytes
         mem["within_budget"] = sum(mem["weights_bytes"].values()) + mem["added_bytes"] <= manifest.budget_bytes
         rows.append({"memory": mem})
+        save()
     else:
         cache = EngineCache(artifact_dir, model, device)
     for B in batches or sched.get("batch_sizes", [1]):
-        for N in sched.get("chunk_tokens", [28]):
+        for N in chunk_sizes(manifest, B):
             prompt, pmel, spk, tok = _prompt(model, B, P, N, device)
             row = {"B": B, "chunk_tokens": N, "prompt_frames": P}
             for name, runner in (("eager", EagerRunner(model)), ("engines", cache)):
@@ -204,13 +231,18 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
                         for _ in range(3):
                             drv.step(st, tok)
                     snap = _copy_state(st)
+                    hits, falls = _served(runner)
                     row[f"{name}_{phase}"] = timed(lambda: drv.step(_copy_state(snap), tok), device, 2, reps)
+                    if name == "engines":
+                        h, f = _served(runner)
+                        row[f"engines_{phase}"].update(engine_calls=h - hits, eager_fallbacks=f - falls)
             T = 2 * (N - 3)
             for phase in ("first", "steady"):
                 ms = row[f"engines_{phase}"]["median_ms"]
                 row[f"audio_s_per_s_{phase}"] = B * T / 50 / (ms / 1e3)
                 row[f"speedup_{phase}"] = row[f"eager_{phase}"]["median_ms"] / ms
             rows.append(row)
+            save()
             print(f"  stream B={B} N={N}: first {row['engines_first']['median_ms']:.1f} ms "
                   f"(eager {row['eager_first']['median_ms']:.1f}), steady {row['engines_steady']['median_ms']:.1f} ms",
                   flush=True)
@@ -288,6 +320,10 @@ def _fid(x) -> str:
     return "-" if not f else f"{f['rel_l2']:.1e} / {f['snr_db']:.1f}"
 
 
+def _served_cell(x: dict) -> str:
+    return f"{x['engine_calls']} / {x['eager_fallbacks']}" if "engine_calls" in x else "-"
+
+
 def to_markdown(res: dict) -> str:
     head = (f"Device {res['device']}, torch {res['torch']}, backend {res['backend']['name']} "
             f"{res['backend']['version']}, model {res['model']['spec']}, precision {res['precision']}, "
@@ -307,13 +343,16 @@ def to_markdown(res: dict) -> str:
                      f"{_cell(r.get('engine'))} | {_cell(r.get('engine_graph'))} | "
                      f"{'-' if sp is None else f'{sp:.1f}x'} | {rel:.1e} | {_fid(r.get('eager'))} | "
                      f"{_fid(best)} | {r['build_seconds']} |")
-    lines += ["", "| B | chunk tokens | first: eager / engines ms | steady: eager / engines ms | "
-              "steady audio-s/s | first speed-up | steady speed-up |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "Streaming chunks (encoder + CFM + HiFT + cache handling), ms median. Served: unit calls "
+              "an engine ran / fell back to eager in the engines row.", "",
+              "| B | chunk tokens | first: eager / engines ms | served | steady: eager / engines ms | served | "
+              "steady audio-s/s | first speed-up | steady speed-up |", "|---|---|---|---|---|---|---|---|---|"]
     for r in res["stream"]:
         if "B" in r:
             lines.append(f"| {r['B']} | {r['chunk_tokens']} | {r['eager_first']['median_ms']:.1f} / "
-                         f"{r['engines_first']['median_ms']:.1f} | {r['eager_steady']['median_ms']:.1f} / "
-                         f"{r['engines_steady']['median_ms']:.1f} | {r['audio_s_per_s_steady']:.0f} | "
+                         f"{r['engines_first']['median_ms']:.1f} | {_served_cell(r['engines_first'])} | "
+                         f"{r['eager_steady']['median_ms']:.1f} / {r['engines_steady']['median_ms']:.1f} | "
+                         f"{_served_cell(r['engines_steady'])} | {r['audio_s_per_s_steady']:.0f} | "
                          f"{r['speedup_first']:.1f}x | {r['speedup_steady']:.1f}x |")
     for r in res["stream"]:
         if "memory" in r:

@@ -93,6 +93,10 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
     art_dir.mkdir(parents=True, exist_ok=True)
     first_write = True
     todo = {pk.key: i for i, pk in enumerate(plan.selected)}          # shard assignment order
+    build_options = None
+    if profile.backend == "aoti":
+        from exporter.backends.aoti import inductor_overrides
+        build_options = inductor_overrides()
     for pk in plan.entries:
         key = pk.key
         entry = entry_for(pk, "pending" if pk.selected else "skipped_budget")
@@ -102,7 +106,7 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
         entry.identity = entry_identity(model_digest=model.digest, key_id=key.id, backend=profile.backend,
                                         backend_version=manifest.backend["version"],
                                         torch_version=torch.__version__, device=manifest.device,
-                                        precision=manifest.precision)
+                                        precision=manifest.precision, build_options=build_options)
         old = previous.get(key.id)
         if old is not None and old.status == "built" and old.identity == entry.identity and _artifact_ok(out_dir, old):
             manifest.entries[-1] = old

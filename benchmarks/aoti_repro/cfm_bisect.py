@@ -26,7 +26,6 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from exporter.backends.aoti import _compiler, aoti_compiler, step_inputs  # noqa: E402

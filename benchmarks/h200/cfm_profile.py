@@ -6,7 +6,9 @@ built with c2w's own AOTI path (exporter.backends.aoti.build_aoti) and loaded as
   - median ms of the whole 10-step solve: eager, eager under one CUDA graph, engine (graphs)
   - torch.profiler over one solve of the engine WITHOUT graphs: kernels per solve, summed kernel
     time (what a perfect launcher would cost), and the top kernels by time.
-Usage (device): python3 benchmarks/h200/cfm_profile.py --batch 1 [--depth 2] > log
+Usage (device): python3 benchmarks/h200/cfm_profile.py --batch 1 [--depth 2] [--tag NAME] > log
+With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor configs too
+(recorded in the JSON); --tag names the variant in the output file.
 """
 from __future__ import annotations
 
@@ -44,6 +46,10 @@ def main() -> None:
     ap.add_argument("--L", type=int, default=300)
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--tag", default="", help="variant name for the output file")
+    ap.add_argument("--phase", choices=("all", "build", "time"), default="all",
+                    help="build: compile only (run several at once); time: reuse that build, then time "
+                         "and profile (run one at a time: concurrent timings disturb each other)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -60,14 +66,24 @@ def main() -> None:
     spec = SPECS["cfm"]
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
-    path = Path(f"/tmp/cfm_profile_B{a.batch}.pt2")
-    t0 = time.time()
-    extra = build_aoti(model, unit, key, x, path)
-    build_s = time.time() - t0
+    name = f"cfm_profile_B{a.batch}_T{a.T}_d{a.depth}{'_' + a.tag if a.tag else ''}"
+    path = Path(f"/tmp/{name}.pt2")
+    built = path.with_suffix(".build.json")
+    if a.phase == "time" and built.is_file():
+        extra, build_s = json.loads(built.read_text()).values()
+    else:
+        t0 = time.time()
+        extra = build_aoti(model, unit, key, x, path)
+        build_s = time.time() - t0
+        built.write_text(json.dumps({"extra": extra, "build_s": build_s}))
+        if a.phase == "build":
+            print(f"{name}: built in {build_s:.0f} s", flush=True)
+            return
     info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
-    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "build_s": round(build_s, 1)}
+    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "inductor": extra.get("inductor", {}),
+           "commit": os.environ.get("C2W_COMMIT", "unknown"), "build_s": round(build_s, 1)}
     with torch.inference_mode():
         want = unit(*x)
         res["eager"] = timed(lambda: unit(*x), dev, 3, a.reps)
@@ -98,9 +114,9 @@ def main() -> None:
         res["profile"] = {"kernels_per_solve": -1, "kernel_ms_per_solve": float("nan"), "mean_kernel_us": 0.0,
                           "top": [], "error": repr(exc),
                           "table": prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)}
-    Path(a.out, f"cfm_profile_B{a.batch}_d{a.depth}.json").write_text(json.dumps(res, indent=1))
+    Path(a.out, f"{name}.json").write_text(json.dumps(res, indent=1))
     p = res["profile"]
-    print(f"B={a.batch} depth={a.depth}: eager {res['eager']['median_ms']:.2f} ms, eager+graph "
+    print(f"{a.tag or 'default'} B={a.batch} T={a.T} depth={a.depth}: eager {res['eager']['median_ms']:.2f} ms, eager+graph "
           f"{res['eager_graph']['median_ms']:.2f}, engine {res['engine']['median_ms']:.2f}, engine+graphs "
           f"{res['engine_graph']['median_ms']:.2f}; {p['kernels_per_solve']} kernels/solve, kernel time "
           f"{p['kernel_ms_per_solve']:.2f} ms, mean {p['mean_kernel_us']:.1f} us; build {build_s:.0f} s", flush=True)

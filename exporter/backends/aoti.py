@@ -1,8 +1,12 @@
 """AOTInductor build side: exported program -> `.pt2` without weights (+ lifted constants file).
 
-The CFM is built as ONE Euler step (t and dt are inputs); the runtime replays it n times inside
-one CUDA graph (docs/aoti.md has the measurements behind that choice). The other units are built
-whole.
+The CFM is built as ONE Euler step (t and dt are inputs); the runtime replays it n times, on
+CUDA from one graph per step (docs/aoti.md has the measurements behind that choice). The other
+units are built whole.
+
+C2W_AOTI_INDUCTOR (a JSON object of Inductor config names and values, e.g. '{"combo_kernels":
+true}') adds to the build's Inductor configs: for experiments (benchmarks/h200/cfm_profile.py);
+what was used is recorded in the manifest entry's extra.
 
 Compiler: the model `.so` must link libstdc++ DYNAMICALLY. A `.so` that carries its own static
 copy crashes or hangs at load, in the first locale call of the model constructor, once the
@@ -13,6 +17,7 @@ else the first `g++` on PATH, and checks every built package before accepting it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import zipfile
@@ -20,12 +25,29 @@ from pathlib import Path
 
 import torch
 
+from runtime.errors import C2WUserError
 from runtime.units import CFMStepUnit, ShapeKey
 
 INDUCTOR_CONFIGS = {
     # weights are bound at load from the runtime's single shared copy (user_managed=True)
     "aot_inductor.package_constants_in_so": False,
 }
+
+
+def inductor_overrides() -> dict:
+    """C2W_AOTI_INDUCTOR as a dict ({} when unset): Inductor configs added to every build."""
+    raw = os.environ.get("C2W_AOTI_INDUCTOR", "").strip()
+    if not raw:
+        return {}
+    try:
+        extra = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        extra = exc
+    if not isinstance(extra, dict):
+        raise C2WUserError("environment variable C2W_AOTI_INDUCTOR", repr(raw),
+                           "a JSON object of Inductor config names and values",
+                           "e.g. C2W_AOTI_INDUCTOR='{\"combo_kernels\": true}', or unset it")
+    return extra
 
 
 def aoti_compiler() -> str:
@@ -79,8 +101,12 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
     # its constants inside the package. Its weights are then held per key (HiFT: ~80 MB at full
     # size), not shared; units without lifted constants share the eager model's tensors.
     lifted = [s.target for s in ep.graph_signature.input_specs if s.kind.name == "CONSTANT_TENSOR"]
-    configs = dict(INDUCTOR_CONFIGS, **({"aot_inductor.package_constants_in_so": True} if lifted else {}))
+    overrides = inductor_overrides()
+    configs = dict(INDUCTOR_CONFIGS, **({"aot_inductor.package_constants_in_so": True} if lifted else {}),
+                   **overrides)
     extra["constants_in_so"] = bool(lifted)
+    if overrides:
+        extra["inductor"] = overrides
     tmp = path.with_name(path.stem + ".tmp.pt2")
     cxx = aoti_compiler()
     with _compiler(cxx):

@@ -38,7 +38,13 @@ def _as_list(out) -> list[torch.Tensor]:
 
 
 class EulerReplay:
-    """The whole n-step solve from one compiled step: same inputs/outputs as the CFM unit."""
+    """The whole n-step solve from one compiled step: same inputs/outputs as the CFM unit.
+
+    Each step's outputs are written once, straight into the stacked (steps, ...) caches the
+    solve returns (a graphed step copies its static outputs there; a plain package's fresh
+    outputs are copied there). Nothing a step returns is kept: a package loaded with
+    run_single_threaded=True may hand back the same buffers on every call.
+    """
 
     def __init__(self, step, n_steps: int, device: torch.device):
         self.step = step
@@ -47,18 +53,20 @@ class EulerReplay:
         self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
 
     def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache):
-        # A package loaded with run_single_threaded=True may hand back the same output buffers
-        # on every call: copy each step's outputs out before the next step runs.
-        x, n = x0, len(self.t)
-        cnn_out = att_out = None
-        for s in range(n):
-            x, c, a = self.step(mu, spk, cond, x, cnn_cache[s], att_cache[s], self.t[s], self.dt[s])
-            x = x.clone()
-            if cnn_out is None:
-                cnn_out = c.new_empty((n,) + tuple(c.shape))
-                att_out = a.new_empty((n,) + tuple(a.shape))
-            cnn_out[s].copy_(c)
-            att_out[s].copy_(a)
+        att_shape = list(att_cache.shape)
+        att_shape[-2] += mu.shape[2]                       # the chunk's frames join the cache
+        x = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)
+        cnn_out, att_out = torch.empty_like(cnn_cache), att_cache.new_empty(att_shape)
+        x_in = x0
+        for s in range(len(self.t)):
+            args = (mu, spk, cond, x_in, cnn_cache[s], att_cache[s], self.t[s], self.dt[s])
+            outs = (x, cnn_out[s], att_out[s])
+            if isinstance(self.step, CudaGraphed):
+                self.step(*args, out=outs)
+            else:
+                for dst, src in zip(outs, _as_list(self.step(*args))):
+                    dst.copy_(src)
+            x_in = x
         return x, cnn_out, att_out
 
 
@@ -81,8 +89,8 @@ class GraphPool:
 class CudaGraphed:
     """Capture `fn(*static_inputs)` once; each call copies inputs in, replays, clones outputs.
 
-    Outputs are cloned because callers keep them (stream caches) while the next replay, for
-    another stream, overwrites the static buffers.
+    Outputs are cloned (or copied into `out`) because callers keep them (stream caches) while
+    the next replay, for another stream, overwrites the static buffers.
     """
 
     def __init__(self, fn, shapes, dtypes, device: torch.device, pool: GraphPool | None = None):
@@ -99,7 +107,7 @@ class CudaGraphed:
             with torch.cuda.graph(self.graph, pool=self.pool.handle):
                 self.outputs = _as_list(fn(*self.inputs))
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, out: Sequence[torch.Tensor] | None = None):
         pool = self.pool
         with pool.lock:
             stream = torch.cuda.current_stream(pool.device)
@@ -108,7 +116,11 @@ class CudaGraphed:
             for dst, src in zip(self.inputs, inputs):
                 dst.copy_(src)
             self.graph.replay()
-            out = [o.clone() for o in self.outputs]
+            if out is None:
+                out = [o.clone() for o in self.outputs]
+            else:
+                for dst, src in zip(out, self.outputs):
+                    dst.copy_(src)
             pool.done.record(stream)
             pool.used = True
         return out

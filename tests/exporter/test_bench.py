@@ -8,9 +8,11 @@ from exporter.bench import bench_dir, to_markdown
 from runtime.units import SPECS
 
 
-def test_bench_schema_and_same_function(ort_artifacts):
-    res = bench_dir(ort_artifacts, reps=2, warmup=1, peer=False,
+def test_bench_schema_and_same_function(ort_artifacts, tmp_path):
+    out = tmp_path / "b.json"
+    res = bench_dir(ort_artifacts, reps=2, warmup=1, peer=False, out=out,
                     keys=["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res, default=str))   # written as it went
     assert {"device", "torch", "backend", "model", "precision", "commit", "keys", "stream"} <= set(res)
     assert [r["id"] for r in res["keys"]] == ["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"]
     for r in res["keys"]:
@@ -23,10 +25,32 @@ def test_bench_schema_and_same_function(ort_artifacts):
     rows = [s for s in res["stream"] if "B" in s]
     assert [(s["B"], s["chunk_tokens"]) for s in rows] == [(1, 28)]
     assert rows[0]["audio_s_per_s_first"] > 0
+    # every unit call of the engines rows is accounted for: 3 units x (2 warm-up + 5 timed) chunks,
+    # all served by engines (the directory holds every key of a B=1 28-token session)
+    for phase in ("first", "steady"):
+        assert rows[0][f"engines_{phase}"]["engine_calls"] == 21
+        assert rows[0][f"engines_{phase}"]["eager_fallbacks"] == 0
+        assert "engine_calls" not in rows[0][f"eager_{phase}"]
     stats = res["stream"][-1]["cache_stats"]
     assert stats["cfm"]["cfm-B1-T50-L100-float32"]["hits"] > 0        # the engine rows used engines
     md = to_markdown(res)
-    assert "| cfm-B1-T50-L150-float32 |" in md and "| 1 | 28 |" in md
+    assert "| cfm-B1-T50-L150-float32 |" in md and "| 1 | 28 |" in md and "| 21 / 0 |" in md
+
+
+def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
+    """Streaming rows cover the schedule's chunk sizes plus those of built extra encoder keys."""
+    import dataclasses
+
+    from exporter.bench import chunk_sizes
+    from runtime.manifest import read_manifest
+    m = read_manifest(ort_artifacts)
+    assert chunk_sizes(m, 1) == [28]
+    e = next(e for e in m.entries if e.id.startswith("flow_encoder-B1-"))
+    extra = dataclasses.replace(e, id=e.id.replace("N28", "N78"), dims={**e.dims, "N": 78})
+    m.entries.append(extra)
+    assert chunk_sizes(m, 1) == [28, 78] and chunk_sizes(m, 2) == [28]
+    m.entries.append(dataclasses.replace(extra, status="failed"))
+    assert chunk_sizes(m, 1) == [28, 78]
 
 
 def test_bench_cli_writes_json_and_markdown(ort_artifacts, tmp_path):

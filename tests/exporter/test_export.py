@@ -116,6 +116,26 @@ def test_aoti_keys_build_and_pass_parity(tmp_path):
     assert built["cfm-B1-T50-L150-float32"].extra["cfm_step"] is True
 
 
+def test_aoti_inductor_overrides_and_identity(monkeypatch):
+    """C2W_AOTI_INDUCTOR adds Inductor configs to AOTI builds, and an artifact built with other
+    overrides is not reused (its identity differs); junk in the variable is a user error."""
+    from exporter.backends.aoti import inductor_overrides
+    from runtime.errors import C2WUserError
+    from runtime.manifest import entry_identity
+    monkeypatch.delenv("C2W_AOTI_INDUCTOR", raising=False)
+    assert inductor_overrides() == {}
+    monkeypatch.setenv("C2W_AOTI_INDUCTOR", '{"combo_kernels": true}')
+    assert inductor_overrides() == {"combo_kernels": True}
+    for bad in ("combo_kernels=1", "[1]"):
+        monkeypatch.setenv("C2W_AOTI_INDUCTOR", bad)
+        with pytest.raises(C2WUserError, match=r"C2W_AOTI_INDUCTOR: received .*expected a JSON object"):
+            inductor_overrides()
+    common = dict(model_digest="m", key_id="k", backend="aoti", backend_version="v", torch_version="t",
+                  device="cuda", precision={"cfm": "float16"})
+    assert entry_identity(**common) == entry_identity(**common, build_options={})     # unchanged by default
+    assert entry_identity(**common) != entry_identity(**common, build_options={"combo_kernels": True})
+
+
 def test_report_formats_and_plot(ort_artifacts, tmp_path):
     m = read_manifest(ort_artifacts)
     table = render(m, "table")
