@@ -4,7 +4,10 @@ Used by the exporter right after a build (fail closed) and by `c2w verify` on a 
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -47,11 +50,37 @@ def _rss_bytes() -> int:
         return 0
 
 
+@contextlib.contextmanager
+def gpu_turn(device: torch.device):
+    """Processes verifying on the same GPU take turns (an exclusive lock file per device), and
+    each gives its cached blocks back when done. A full-size B=32 CFM check holds the engine's
+    and eager's 10-step caches at once (tens of GB): parallel export shards on one H200 ran out
+    of memory when two or three of them coincided."""
+    if device.type != "cuda":
+        yield
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with open(Path(tempfile.gettempdir()) / f"c2w-verify-cuda{index}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.device) -> Entry:
     """Load the entry's artifact, run it on fresh random inputs, compare every output with eager.
 
     Sets entry.parity, entry.device_bytes / memory_kind and entry.status ("built" or "failed").
+    On CUDA it waits for its turn on the device (`gpu_turn`).
     """
+    with gpu_turn(device):
+        return _check_entry(model, backend, out_dir, entry, device)
+
+
+def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.device) -> Entry:
     key = entry_key(entry)
     spec = SPECS[key.component]
     unit = spec.build(model, key).eval()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: build the h200_subset AOTI artifacts in parallel shards, merge, bench.
+# One device call: build a profile's AOTI artifacts in parallel shards, merge, report, bench.
 # Usage (device tool, repo root): bash benchmarks/h200/run.sh   (carry .whl for the peer row)
 set -u
 N=${SHARDS:-13}
@@ -22,6 +22,8 @@ if [ -z "${SKIP_EXPORT:-}" ]; then
   python3 cli.py report /tmp/art/all --format markdown > "$OUT/report.md"; python3 cli.py report /tmp/art/all --format json > "$OUT/report.json"
   cp /tmp/art/all/manifest.json "$OUT/"
   grep -E "failed|error" "$OUT/report.md" | head -5
+  # the device tool returns a limited number of files: one archive for the shard logs
+  tar czf "$OUT/export_logs.tgz" -C "$OUT" $(cd "$OUT" && ls export_s*.log export_wall.txt) && rm -f "$OUT"/export_s*.log "$OUT/export_wall.txt"
 fi
 # BENCH_S=0: export only.
 if [ "${BENCH_S:-200}" != 0 ]; then

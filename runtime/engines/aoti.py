@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Mapping, Sequence
 
 import torch
@@ -84,6 +85,18 @@ class GraphPool:
         self.lock = threading.Lock()
         self.done = torch.cuda.Event()
         self.used = False
+        self.captured = 0               # graphs captured into this pool
+        self.live = 0                   # ... and not yet released
+
+    @property
+    def retired(self) -> bool:
+        """Every graph of the pool is gone, so PyTorch has released the pool: capturing into the
+        same handle again trips an internal assert (`use_count > 0`, seen on the H200 when the
+        exporter verified a second key after releasing the first one's engine). Use a new pool."""
+        return self.captured > 0 and self.live == 0
+
+    def _dropped(self) -> None:
+        self.live -= 1
 
 
 class CudaGraphed:
@@ -103,9 +116,20 @@ class CudaGraphed:
                 for _ in range(2):                       # warm-up outside the capture
                     fn(*self.inputs)
             torch.cuda.current_stream(device).wait_stream(side)
+            if self.pool.retired:
+                raise RuntimeError("capture into a retired GraphPool (all its graphs were released); "
+                                   "take a new pool (AOTIBackend.pool does)")
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=self.pool.handle):
                 self.outputs = _as_list(fn(*self.inputs))
+            self.pool.captured += 1
+            self.pool.live += 1
+        # the pool counts this graph as gone once this object is collected or released
+        self._finalizer = weakref.finalize(self, self.pool._dropped)
+
+    def release(self) -> None:
+        self.graph = self.inputs = self.outputs = None
+        self._finalizer()
 
     def __call__(self, *inputs, out: Sequence[torch.Tensor] | None = None):
         pool = self.pool
@@ -155,6 +179,9 @@ class AOTIEngine(Engine):
         return _as_list(self._fn(*args))
 
     def release(self) -> None:
+        fn = self._fn.step if isinstance(self._fn, EulerReplay) else self._fn
+        if isinstance(fn, CudaGraphed):
+            fn.release()
         self._fn = None
         self._keep = []
 
@@ -177,7 +204,8 @@ class AOTIBackend(Backend):
                 and (self.graph_max_bytes is None or nbytes(*graph_inputs(info)) <= self.graph_max_bytes))
 
     def pool(self, device: torch.device) -> GraphPool:
-        if device not in self._pools:
+        """The pool new graphs on `device` capture into: shared while any of its graphs lives."""
+        if device not in self._pools or self._pools[device].retired:
             self._pools[device] = GraphPool(device)
         return self._pools[device]
 

@@ -55,3 +55,25 @@ def test_env_turns_graphs_off(monkeypatch):
     assert not AOTIBackend().graphed(info, CUDA)
     monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "1")
     assert AOTIBackend().graphed(info, CUDA)
+
+
+def test_a_pool_whose_graphs_are_all_gone_is_replaced(monkeypatch):
+    """PyTorch releases a graph pool once its last graph is destroyed, and a later capture into
+    the same handle trips an internal assert (`use_count > 0`: the exporter's second verified
+    key on the H200). The backend hands out a new pool then, and keeps sharing a live one."""
+    from runtime.engines import aoti
+    handles = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
+    monkeypatch.setattr(torch.cuda, "Event", lambda: None)
+    backend = AOTIBackend()
+    first = backend.pool(CUDA)
+    assert not first.retired and backend.pool(CUDA) is first           # nothing captured yet: shared
+    first.captured, first.live = 2, 2                                  # two engines' graphs alive
+    assert backend.pool(CUDA) is first
+    first._dropped()
+    assert not first.retired and backend.pool(CUDA) is first           # one still alive: shared
+    first._dropped()
+    assert first.retired
+    second = backend.pool(CUDA)
+    assert second is not first and second.handle != first.handle and not second.retired
+    assert isinstance(second, aoti.GraphPool)

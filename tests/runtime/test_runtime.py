@@ -135,3 +135,16 @@ def test_runtime_imports_without_exporter_or_backends():
             "assert not any(m.startswith('exporter') for m in sys.modules), 'runtime imported exporter'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_rel_l2_in_slices_equals_the_whole(monkeypatch):
+    """rel_l2 accumulates float64 sums over slices (no float64 copy of a multi-GB cache); the
+    result does not depend on the slice size."""
+    import runtime.units as units
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3, 1001, generator=g), torch.randn(3, 1001, generator=g)
+    want = ((a.double() - b.double()).norm() / b.double().norm()).item()
+    assert abs(units.rel_l2(a, b) - want) < 1e-12
+    monkeypatch.setattr(units, "REL_L2_CHUNK", 7)                      # 3003 elements in 429 slices
+    assert abs(units.rel_l2(a, b) - want) < 1e-12
+    assert units.rel_l2(b.half(), b.half()) == 0.0 and units.rel_l2(a, torch.zeros_like(a)) > 0
