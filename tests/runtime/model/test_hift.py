@@ -331,3 +331,39 @@ def test_onnx_export_runs_in_onnxruntime(vocoder, vocoder_pinned_f0, tmp_path):
             speech_ref, source_ref = model(mel, noise, cache)
         assert _rel_l2(torch.from_numpy(speech), speech_ref) <= tol_speech
         assert _rel_l2(torch.from_numpy(source), source_ref) <= tol_source
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 to TF32 (10-bit mantissa, nearest), as GPU tensor cores read conv operands."""
+    i = x.contiguous().view(torch.int32)
+    return ((i + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def test_verification_inputs_keep_tf32_noise_within_the_engine_tolerance(monkeypatch):
+    """The GPU profiles run HiFT in float32 with TF32 on, so every engine check compares two
+    TF32 computations. With every conv operand rounded to TF32 (CPU emulation), the full-size
+    HiFT's speech on the verification inputs must move by less than the engine tolerance, first
+    AND steady chunk. A source cache drawn at 10x a real source's scale made the steady chunk
+    move by 2.5e-2 (and fail closed on the H200); at the real scale it moves by ~3.4e-3."""
+    from runtime.model.weights import load_model
+    from runtime.units import SOURCE_STD, SPECS, ShapeKey, rel_l2
+    from runtime.verify import VERIFY_SEED
+    model = load_model("random:full")
+    spec = SPECS["hift"]
+    errs = {}
+    for dims in ((1, 50, 0), (1, 58, 3840)):
+        key = ShapeKey("hift", dims, "float32")
+        unit = spec.build(model, key).eval()
+        x = spec.example_inputs(model.cfg, key, torch.Generator().manual_seed(VERIFY_SEED))
+        if dims[2]:
+            assert abs(x[2].std().item() - SOURCE_STD) < 0.1 * SOURCE_STD
+        with torch.inference_mode():
+            want = unit(*x)[0]
+            with monkeypatch.context() as m:
+                for name in ("conv1d", "conv_transpose1d", "linear"):
+                    fn = getattr(F, name)
+                    m.setattr(F, name, lambda a, w, *r, _fn=fn, **k: _fn(_tf32(a), _tf32(w), *r, **k))
+                got = unit(*x)[0]
+        errs[key.id] = rel_l2(got, want)
+    assert all(e < spec.tolerance(key) for e in errs.values()), errs
+    assert all(e > 1e-4 for e in errs.values()), errs        # the rounding did reach the convolutions
