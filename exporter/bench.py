@@ -162,23 +162,30 @@ def _prompt(model, B: int, P: int, N: int, device):
     return prompt, pmel, spk, tok
 
 
-def load_memory(cache_factory, model, device) -> dict:
-    """Device bytes added by loading every engine of the directory (the eager model, whose
-    weights the engines share, is already resident)."""
+def load_memory(cache_factory, model, device, allocated=None) -> dict:
+    """Device bytes each engine adds as it loads, one at a time (the eager model, whose weights
+    the engines share, is already resident). An engine that copied its component's weights
+    would add at least their size; one that shares them adds only its own buffers (CUDA-graph
+    static inputs/outputs, workspace, constants of its own)."""
     from exporter.plan import weight_bytes
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated(device)
-    reserved = torch.cuda.memory_reserved(device)
-    cache = cache_factory()                                   # lazy=False: loads every engine
-    torch.cuda.synchronize(device)
+    if allocated is None:
+        def allocated():
+            torch.cuda.synchronize(device)
+            return torch.cuda.memory_allocated(device)
+        torch.cuda.empty_cache()
+    cache = cache_factory()                                   # lazy: nothing loaded yet
+    before = allocated()
+    per_engine: dict[str, int] = {}
+    for key in cache.keys:
+        b = allocated()
+        if cache.load(key):
+            per_engine[key.id] = allocated() - b
     engines: dict[str, int] = {}
     for key in cache.loaded:
         engines[key.component] = engines.get(key.component, 0) + 1
-    return cache, {"weights_bytes": weight_bytes(model), "engines": engines,
-                   "allocated_before": before, "allocated_after": torch.cuda.memory_allocated(device),
-                   "added_bytes": torch.cuda.memory_allocated(device) - before,
-                   "added_reserved_bytes": torch.cuda.memory_reserved(device) - reserved,
+    after = allocated()
+    return cache, {"weights_bytes": weight_bytes(model), "engines": engines, "per_engine_added_bytes": per_engine,
+                   "allocated_before": before, "allocated_after": after, "added_bytes": after - before,
                    "unusable": cache.unusable()}
 
 
@@ -211,7 +218,7 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
     trim = sched.get("trim_conformer", True)
     rows = [] if rows is None else rows
     if device.type == "cuda":
-        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device, lazy=False), model, device)
+        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device), model, device)
         mem["budget_bytes"] = manifest.budget_bytes
         mem["within_budget"] = sum(mem["weights_bytes"].values()) + mem["added_bytes"] <= manifest.budget_bytes
         rows.append({"memory": mem})
@@ -361,6 +368,10 @@ def to_markdown(res: dict) -> str:
                       f"memory to the eager model's weights ({sum(m['weights_bytes'].values()) / 2**20:.0f} MiB: "
                       f"{ {k: round(v / 2**20) for k, v in m['weights_bytes'].items()} } MiB); budget "
                       f"{m['budget_bytes'] / 2**30:.0f} GiB, within: {m['within_budget']}."]
+            per = m.get("per_engine_added_bytes", {})
+            if per:
+                lines += ["", "Added by each engine as it loaded, MiB: " + ", ".join(
+                    f"{k} {v / 2**20:.0f}" for k, v in per.items()) + "."]
         if "session_fidelity" in r:
             f = r["session_fidelity"]
             lines += ["", f"Audio of a B=1 session ({f['chunks']} chunks, {f['samples']} samples) against the "

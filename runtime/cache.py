@@ -58,7 +58,11 @@ class EngineCache:
         self._open()
         if not lazy:
             for key in list(self._entries):
-                self._engine(key)
+                self.load(key)
+
+    def load(self, key: ShapeKey) -> bool:
+        """Load the engine for `key` now rather than on its first call; True if it is usable."""
+        return self._engine(key) is not None
 
     # ------------------------------------------------------------------ loading
     def _disable(self, reason: str) -> None:

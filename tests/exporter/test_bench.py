@@ -102,3 +102,29 @@ def test_bench_cli_profile_resolves_the_export_dir(ort_artifacts, tmp_path, monk
                                  "--keys", "hift-B1-F50-S0-float32", "--batches", "1"])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "b.json").read_text())["keys"][0]["id"] == "hift-B1-F50-S0-float32"
+
+
+def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
+    """Per-engine load deltas (the weight-sharing check), with a stand-in for the CUDA allocator
+    counter: every load adds 10 bytes here, so each engine is credited exactly 10."""
+    import torch
+
+    from exporter.bench import load_memory
+    from runtime.cache import EngineCache
+    from runtime.manifest import read_manifest
+    from runtime.model.weights import load_model
+    model = load_model(read_manifest(ort_artifacts).model["spec"])
+    counter = {"n": 0}
+    real_load = EngineCache.load
+
+    def load(self, key):
+        counter["n"] += 10
+        return real_load(self, key)
+
+    monkeypatch.setattr(EngineCache, "load", load)
+    cache, mem = load_memory(lambda: EngineCache(ort_artifacts, model), model, torch.device("cpu"),
+                             allocated=lambda: counter["n"])
+    assert len(cache.loaded) == 8 and sorted(mem["per_engine_added_bytes"]) == sorted(k.id for k in cache.loaded)
+    assert set(mem["per_engine_added_bytes"].values()) == {10} and mem["added_bytes"] == 80
+    assert mem["engines"] == {"flow_encoder": 3, "cfm": 3, "hift": 2}
+    cache.release()
