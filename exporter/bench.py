@@ -140,11 +140,18 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
             backend.release_shared()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        # what the runtime serves for this key: the backend's own graph policy decides
+        policy = get_backend(manifest.backend["name"])
+        graphed = hasattr(policy, "graphed") and policy.graphed(info, device)
+        row["served_variant"] = "engine_graph" if graphed else "engine"
+        served = row.get(row["served_variant"], {}).get("median_ms")
         best = min((row[v]["median_ms"] for v, _ in variants if "median_ms" in row[v]), default=None)
-        row["speedup_vs_eager"] = row["eager"]["median_ms"] / best if best else None
+        row["speedup_vs_eager"] = row["eager"]["median_ms"] / served if served else None
+        row["best_speedup_vs_eager"] = row["eager"]["median_ms"] / best if best else None
         res["keys"].append(row)
         save()
-        print(f"  {e.id}: eager {row['eager']['median_ms']:.2f} ms, best engine "
+        print(f"  {e.id}: eager {row['eager']['median_ms']:.2f} ms, served engine "
+              f"{served if served is None else round(served, 3)} ms ({row['served_variant']}), best "
               f"{best if best is None else round(best, 3)} ms", flush=True)
     if peer and device.type == "cuda":
         res["peer"] = bench_peer(model, device, reps=max(5, reps // 2))
@@ -191,11 +198,13 @@ def load_memory(cache_factory, model, device, allocated=None) -> dict:
 
 def chunk_sizes(manifest, B: int) -> list[int]:
     """Chunk sizes (tokens) to stream at batch B: the schedule's, plus the N of every built
-    flow-encoder key of this batch size (extra keys such as h200.yaml's B=32 78-token ones)."""
+    non-final flow-encoder key of this batch size (extra keys such as h200.yaml's B=32 78-token
+    ones; final-chunk keys are not steady chunks)."""
     sizes = list(manifest.schedule.get("chunk_tokens", [28]))
     for e in manifest.entries:
         key = entry_key(e)
-        if e.status == "built" and key.component == "flow_encoder" and key.dims[0] == B and key.dims[1] not in sizes:
+        if (e.status == "built" and key.component == "flow_encoder" and key.dims[0] == B and key.dims[3] == 0
+                and key.dims[1] not in sizes):
             sizes.append(key.dims[1])
     return sizes
 
@@ -227,29 +236,17 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
         cache = EngineCache(artifact_dir, model, device)
     for B in batches or sched.get("batch_sizes", [1]):
         for N in chunk_sizes(manifest, B):
-            prompt, pmel, spk, tok = _prompt(model, B, P, N, device)
-            row = {"B": B, "chunk_tokens": N, "prompt_frames": P}
-            for name, runner in (("eager", EagerRunner(model)), ("engines", cache)):
-                drv = StreamDriver(model, runner, trim_conformer=trim)
-                st0 = drv.setup(prompt, pmel, spk)
-                for phase in ("first", "steady"):
-                    st = _copy_state(st0)
-                    if phase == "steady":                 # advance to the saturated cache lengths
-                        for _ in range(3):
-                            drv.step(st, tok)
-                    snap = _copy_state(st)
-                    hits, falls = _served(runner)
-                    row[f"{name}_{phase}"] = timed(lambda: drv.step(_copy_state(snap), tok), device, 2, reps)
-                    if name == "engines":
-                        h, f = _served(runner)
-                        row[f"engines_{phase}"].update(engine_calls=h - hits, eager_fallbacks=f - falls)
-            T = 2 * (N - 3)
-            for phase in ("first", "steady"):
-                ms = row[f"engines_{phase}"]["median_ms"]
-                row[f"audio_s_per_s_{phase}"] = B * T / 50 / (ms / 1e3)
-                row[f"speedup_{phase}"] = row[f"eager_{phase}"]["median_ms"] / ms
+            try:
+                row = _stream_row(model, cache, device, B, N, P, trim, reps)
+            except Exception as exc:  # e.g. out of memory at a large batch: report it, go on
+                row = {"B": B, "chunk_tokens": N, "prompt_frames": P, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
             rows.append(row)
             save()
+            if "error" in row:
+                print(f"  stream B={B} N={N}: {row['error']}", flush=True)
+                continue
             print(f"  stream B={B} N={N}: first {row['engines_first']['median_ms']:.1f} ms "
                   f"(eager {row['eager_first']['median_ms']:.1f}), steady {row['engines_steady']['median_ms']:.1f} ms",
                   flush=True)
@@ -259,6 +256,32 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
     cache.release()
     rows.append({"cache_stats": res_stats})
     return rows
+
+
+def _stream_row(model, cache, device, B: int, N: int, P: int, trim: bool, reps: int) -> dict:
+    """One (B, N) row: first and steady chunk, eager and engines."""
+    prompt, pmel, spk, tok = _prompt(model, B, P, N, device)
+    row = {"B": B, "chunk_tokens": N, "prompt_frames": P}
+    for name, runner in (("eager", EagerRunner(model)), ("engines", cache)):
+        drv = StreamDriver(model, runner, trim_conformer=trim)
+        st0 = drv.setup(prompt, pmel, spk)
+        for phase in ("first", "steady"):
+            st = _copy_state(st0)
+            if phase == "steady":                 # advance to the saturated cache lengths
+                for _ in range(3):
+                    drv.step(st, tok)
+            snap = _copy_state(st)
+            hits, falls = _served(runner)
+            row[f"{name}_{phase}"] = timed(lambda: drv.step(_copy_state(snap), tok), device, 2, reps)
+            if name == "engines":
+                h, f = _served(runner)
+                row[f"engines_{phase}"].update(engine_calls=h - hits, eager_fallbacks=f - falls)
+    T = 2 * (N - 3)
+    for phase in ("first", "steady"):
+        ms = row[f"engines_{phase}"]["median_ms"]
+        row[f"audio_s_per_s_{phase}"] = B * T / 50 / (ms / 1e3)
+        row[f"speedup_{phase}"] = row[f"eager_{phase}"]["median_ms"] / ms
+    return row
 
 
 def session_fidelity(model, model32, cache, device, P: int, trim: bool, chunks: int = 4) -> dict:
@@ -335,8 +358,9 @@ def to_markdown(res: dict) -> str:
     head = (f"Device {res['device']}, torch {res['torch']}, backend {res['backend']['name']} "
             f"{res['backend']['version']}, model {res['model']['spec']}, precision {res['precision']}, "
             f"commit {res['commit']}, {res['date']}")
-    lines = [head, "", "Per key, ms median / p95. Speed-up: eager / best engine. Fidelity: first output "
-             "against the float32 model, rel-L2 / SNR dB (reduced-precision keys).", "",
+    lines = [head, "", "Per key, ms median / p95. Speed-up: eager / the engine as the runtime serves it "
+             "(with or without a CUDA graph, by the backend's graph policy; * marks the served cell). "
+             "Fidelity: first output against the float32 model, rel-L2 / SNR dB (reduced-precision keys).", "",
              "| key | eager | eager+graph | engine | engine+graph | speed-up | rel-L2 vs eager "
              "| fidelity eager | fidelity engine | build s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -346,8 +370,10 @@ def to_markdown(res: dict) -> str:
         sp = r.get("speedup_vs_eager")
         best = min((r[v] for v in ("engine_graph", "engine") if "median_ms" in r.get(v, {})),
                    key=lambda x: x["median_ms"], default=None)
+        best = r.get(r.get("served_variant", ""), best)
+        mark = {v: " *" if r.get("served_variant") == v else "" for v in ("engine", "engine_graph")}
         lines.append(f"| {r['id']} | {_cell(r.get('eager'))} | {_cell(r.get('eager_graph'))} | "
-                     f"{_cell(r.get('engine'))} | {_cell(r.get('engine_graph'))} | "
+                     f"{_cell(r.get('engine'))}{mark['engine']} | {_cell(r.get('engine_graph'))}{mark['engine_graph']} | "
                      f"{'-' if sp is None else f'{sp:.1f}x'} | {rel:.1e} | {_fid(r.get('eager'))} | "
                      f"{_fid(best)} | {r['build_seconds']} |")
     lines += ["", "Streaming chunks (encoder + CFM + HiFT + cache handling), ms median. Served: unit calls "
@@ -355,7 +381,9 @@ def to_markdown(res: dict) -> str:
               "| B | chunk tokens | first: eager / engines ms | served | steady: eager / engines ms | served | "
               "steady audio-s/s | first speed-up | steady speed-up |", "|---|---|---|---|---|---|---|---|---|"]
     for r in res["stream"]:
-        if "B" in r:
+        if "B" in r and "error" in r:
+            lines.append(f"| {r['B']} | {r['chunk_tokens']} | failed: {r['error']} |")
+        elif "B" in r:
             lines.append(f"| {r['B']} | {r['chunk_tokens']} | {r['eager_first']['median_ms']:.1f} / "
                          f"{r['engines_first']['median_ms']:.1f} | {_served_cell(r['engines_first'])} | "
                          f"{r['eager_steady']['median_ms']:.1f} / {r['engines_steady']['median_ms']:.1f} | "
@@ -387,6 +415,10 @@ def to_markdown(res: dict) -> str:
 
 
 def write(res: dict, out: Path) -> None:
+    """The JSON and its markdown table, each replaced atomically (a run killed by a time limit
+    leaves the previous complete files, never a truncated one)."""
     out = Path(out)
-    out.write_text(json.dumps(res, indent=1, default=str))
-    out.with_suffix(".md").write_text(to_markdown(res) + "\n")
+    for path, text in ((out, json.dumps(res, indent=1, default=str)), (out.with_suffix(".md"), to_markdown(res) + "\n")):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)

@@ -225,6 +225,9 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
     Accumulated over slices of REL_L2_CHUNK elements: a float64 copy of a whole B=32 stacked
     attention cache (~6e9 elements) would need ~47 GB of device memory."""
+    if a.shape != b.shape:
+        raise ValueError(f"rel_l2 of tensors of shapes {tuple(a.shape)} and {tuple(b.shape)}: expected equal "
+                         "shapes (compare outputs of the same key)")
     a, b = a.reshape(-1), b.reshape(-1)
     num = den = 0.0
     for i in range(0, b.numel(), REL_L2_CHUNK):

@@ -60,13 +60,19 @@ def gpu_turn(device: torch.device):
         yield
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
-    with open(Path(tempfile.gettempdir()) / f"c2w-verify-cuda{index}.lock", "a+") as lock:
+    # named by the GPU's UUID: processes given different GPUs through CUDA_VISIBLE_DEVICES all
+    # see index 0, and must not wait for each other
+    name = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or f"cuda{index}")
+    with open(Path(tempfile.gettempdir()) / f"c2w-verify-{name}.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            torch.cuda.synchronize(device)
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()
+            except RuntimeError:        # a CUDA error of the check itself: let that one surface
+                pass
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 

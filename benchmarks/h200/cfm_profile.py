@@ -66,11 +66,12 @@ def main() -> None:
     spec = SPECS["cfm"]
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
-    name = f"cfm_profile_B{a.batch}_T{a.T}_d{a.depth}{'_' + a.tag if a.tag else ''}"
+    name = f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}{'_' + a.tag if a.tag else ''}"
     path = Path(f"/tmp/{name}.pt2")
     built = path.with_suffix(".build.json")
-    if a.phase == "time" and built.is_file():
-        extra, build_s = json.loads(built.read_text()).values()
+    if a.phase == "time" and built.is_file() and path.is_file():
+        done = json.loads(built.read_text())
+        extra, build_s = done["extra"], done["build_s"]
     else:
         t0 = time.time()
         extra = build_aoti(model, unit, key, x, path)

@@ -47,6 +47,11 @@ def inductor_overrides() -> dict:
         raise C2WUserError("environment variable C2W_AOTI_INDUCTOR", repr(raw),
                            "a JSON object of Inductor config names and values",
                            "e.g. C2W_AOTI_INDUCTOR='{\"combo_kernels\": true}', or unset it")
+    fixed = sorted(set(extra) & {"aot_inductor.package_constants_in_so"})
+    if fixed:
+        raise C2WUserError("environment variable C2W_AOTI_INDUCTOR", f"{fixed} in {raw!r}",
+                           "only configs c2w does not set itself",
+                           "c2w decides where constants live (weight sharing); drop that key")
     return extra
 
 
@@ -102,8 +107,8 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
     # size), not shared; units without lifted constants share the eager model's tensors.
     lifted = [s.target for s in ep.graph_signature.input_specs if s.kind.name == "CONSTANT_TENSOR"]
     overrides = inductor_overrides()
-    configs = dict(INDUCTOR_CONFIGS, **({"aot_inductor.package_constants_in_so": True} if lifted else {}),
-                   **overrides)
+    configs = {**INDUCTOR_CONFIGS, **({"aot_inductor.package_constants_in_so": True} if lifted else {}),
+               **overrides}
     extra["constants_in_so"] = bool(lifted)
     if overrides:
         extra["inductor"] = overrides

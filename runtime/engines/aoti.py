@@ -85,8 +85,9 @@ class GraphPool:
         self.lock = threading.Lock()
         self.done = torch.cuda.Event()
         self.used = False
-        self.captured = 0               # graphs captured into this pool
-        self.live = 0                   # ... and not yet released
+        self.captured = 0               # captures attempted into this pool (failed ones too)
+        self.live = 0                   # graphs captured and not yet released
+        self._count_lock = threading.Lock()   # not `lock`: a finalizer may run while it is held
 
     @property
     def retired(self) -> bool:
@@ -95,8 +96,13 @@ class GraphPool:
         exporter verified a second key after releasing the first one's engine). Use a new pool."""
         return self.captured > 0 and self.live == 0
 
+    def _added(self) -> None:
+        with self._count_lock:
+            self.live += 1
+
     def _dropped(self) -> None:
-        self.live -= 1
+        with self._count_lock:
+            self.live -= 1
 
 
 class CudaGraphed:
@@ -120,10 +126,12 @@ class CudaGraphed:
                 raise RuntimeError("capture into a retired GraphPool (all its graphs were released); "
                                    "take a new pool (AOTIBackend.pool does)")
             self.graph = torch.cuda.CUDAGraph()
+            # counted before capturing: a capture that fails may still have registered the pool
+            # with PyTorch, and a pool with no live graph must not be captured into again
+            self.pool.captured += 1
             with torch.cuda.graph(self.graph, pool=self.pool.handle):
                 self.outputs = _as_list(fn(*self.inputs))
-            self.pool.captured += 1
-            self.pool.live += 1
+            self.pool._added()
         # the pool counts this graph as gone once this object is collected or released
         self._finalizer = weakref.finalize(self, self.pool._dropped)
 

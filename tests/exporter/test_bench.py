@@ -8,11 +8,21 @@ from exporter.bench import bench_dir, to_markdown
 from runtime.units import SPECS
 
 
-def test_bench_schema_and_same_function(ort_artifacts, tmp_path):
+def test_bench_schema_and_same_function(ort_artifacts, tmp_path, monkeypatch):
+    import exporter.bench as bench
+    saved = []                                   # (stream rows, key rows) at every save
+    real_write = bench.write
+    monkeypatch.setattr(bench, "write", lambda res, out: (saved.append((len(res["stream"]), len(res["keys"]))),
+                                                          real_write(res, out)))
     out = tmp_path / "b.json"
     res = bench_dir(ort_artifacts, reps=2, warmup=1, peer=False, out=out,
                     keys=["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"])
-    assert json.loads(out.read_text()) == json.loads(json.dumps(res, default=str))   # written as it went
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res, default=str))
+    # written as it went: after the streaming row, after each key, and at the end (the stream's
+    # last entry, its cache stats, comes with the first key's save)
+    n = len(res["stream"])
+    assert saved == [(1, 0), (n, 1), (n, 2), (n, 2)]
+    assert not list(tmp_path.glob("*.tmp"))
     assert {"device", "torch", "backend", "model", "precision", "commit", "keys", "stream"} <= set(res)
     assert [r["id"] for r in res["keys"]] == ["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"]
     for r in res["keys"]:
@@ -20,7 +30,8 @@ def test_bench_schema_and_same_function(ort_artifacts, tmp_path):
             assert r[v]["reps"] == 2 and r[v]["median_ms"] > 0 and r[v]["p95_ms"] >= r[v]["median_ms"]
         # the engine timed is the eager function: same outputs on the same inputs
         assert r["engine"]["max_rel_l2_vs_eager"] <= SPECS[r["component"]].rtol[r["dtype"]]
-        assert r["speedup_vs_eager"] > 0
+        assert r["served_variant"] == "engine"          # ONNX Runtime on CPU: no graphs
+        assert r["speedup_vs_eager"] == r["eager"]["median_ms"] / r["engine"]["median_ms"]
         assert r["engine"]["load_and_first_call_s"] > 0
     rows = [s for s in res["stream"] if "B" in s]
     assert [(s["B"], s["chunk_tokens"]) for s in rows] == [(1, 28)]
@@ -51,6 +62,29 @@ def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
     assert chunk_sizes(m, 1) == [28, 78] and chunk_sizes(m, 2) == [28]
     m.entries.append(dataclasses.replace(extra, status="failed"))
     assert chunk_sizes(m, 1) == [28, 78]
+    m.entries.append(dataclasses.replace(extra, id=extra.id.replace("N78", "N11").replace("last0", "last1"),
+                                         dims={**extra.dims, "N": 11, "last": 1}))
+    assert chunk_sizes(m, 1) == [28, 78]                    # a final-chunk key is not a steady chunk
+
+
+def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(ort_artifacts, monkeypatch):
+    import exporter.bench as bench
+
+    def boom(model, cache, device, B, N, P, trim, reps):
+        if B == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(model, cache, device, B, N, P, trim, reps)
+
+    real = bench._stream_row
+    monkeypatch.setattr(bench, "_stream_row", boom)
+    res = bench_dir(ort_artifacts, reps=1, warmup=1, peer=False, keys=["hift-B1-F50-S0-float32"],
+                    stream_batches=[2, 1])
+    rows = [r for r in res["stream"] if "B" in r]
+    assert rows[0] == {"B": 2, "chunk_tokens": 28, "prompt_frames": 100,
+                       "error": "RuntimeError: CUDA out of memory (simulated)"}
+    assert rows[1]["B"] == 1 and rows[1]["engines_first"]["median_ms"] > 0
+    assert len(res["keys"]) == 1
+    assert "| 2 | 28 | failed: RuntimeError: CUDA out of memory (simulated) |" in to_markdown(res)
 
 
 def test_bench_cli_writes_json_and_markdown(ort_artifacts, tmp_path):

@@ -130,6 +130,9 @@ def test_aoti_inductor_overrides_and_identity(monkeypatch):
         monkeypatch.setenv("C2W_AOTI_INDUCTOR", bad)
         with pytest.raises(C2WUserError, match=r"C2W_AOTI_INDUCTOR: received .*expected a JSON object"):
             inductor_overrides()
+    monkeypatch.setenv("C2W_AOTI_INDUCTOR", '{"aot_inductor.package_constants_in_so": true}')
+    with pytest.raises(C2WUserError, match=r"expected only configs c2w does not set itself"):
+        inductor_overrides()                 # c2w decides where constants live (weight sharing)
     common = dict(model_digest="m", key_id="k", backend="aoti", backend_version="v", torch_version="t",
                   device="cuda", precision={"cfm": "float16"})
     assert entry_identity(**common) == entry_identity(**common, build_options={})     # unchanged by default

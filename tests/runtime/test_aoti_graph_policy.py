@@ -77,3 +77,35 @@ def test_a_pool_whose_graphs_are_all_gone_is_replaced(monkeypatch):
     second = backend.pool(CUDA)
     assert second is not first and second.handle != first.handle and not second.retired
     assert isinstance(second, aoti.GraphPool)
+
+
+def test_releasing_an_engine_retires_its_pool(monkeypatch):
+    """The release path: AOTIEngine.release -> CudaGraphed.release -> the pool counts the graph
+    as gone, once, and the backend's next capture gets a fresh pool. (The capture itself needs
+    a GPU; the graph object is built around it.)"""
+    import weakref
+
+    from runtime.engines.aoti import AOTIEngine, CudaGraphed, EulerReplay
+    handles = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
+    monkeypatch.setattr(torch.cuda, "Event", lambda: None)
+    backend = AOTIBackend()
+    pool = backend.pool(CUDA)
+    graphs = []
+    for _ in range(2):                                   # two engines' graphs in one pool
+        g = CudaGraphed.__new__(CudaGraphed)
+        g.pool, g.graph, g.inputs, g.outputs = pool, object(), [], []
+        pool.captured += 1
+        pool._added()
+        g._finalizer = weakref.finalize(g, pool._dropped)
+        graphs.append(g)
+    cfm = AOTIEngine(info_for("cfm", (1, 50, 300), "float16"),
+                     EulerReplay(graphs[0], 10, torch.device("cpu")), CUDA, [])
+    enc = AOTIEngine(info_for("flow_encoder", (1, 28, 300, 0), "float16"), graphs[1], CUDA, [])
+    cfm.release()
+    cfm.release()                                        # twice: counted once
+    assert pool.live == 1 and not pool.retired and backend.pool(CUDA) is pool
+    del graphs
+    enc.release()
+    assert pool.live == 0 and pool.retired
+    assert backend.pool(CUDA) is not pool

@@ -148,3 +148,5 @@ def test_rel_l2_in_slices_equals_the_whole(monkeypatch):
     monkeypatch.setattr(units, "REL_L2_CHUNK", 7)                      # 3003 elements in 429 slices
     assert abs(units.rel_l2(a, b) - want) < 1e-12
     assert units.rel_l2(b.half(), b.half()) == 0.0 and units.rel_l2(a, torch.zeros_like(a)) > 0
+    with pytest.raises(ValueError, match=r"shapes \(3, 1001\) and \(3003,\): expected equal"):
+        units.rel_l2(a, b.reshape(-1))
