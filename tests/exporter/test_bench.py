@@ -162,3 +162,21 @@ def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
     assert set(mem["per_engine_added_bytes"].values()) == {10} and mem["added_bytes"] == 80
     assert mem["engines"] == {"flow_encoder": 3, "cfm": 3, "hift": 2}
     cache.release()
+
+
+def test_timed_runs_setup_outside_the_call_once_per_rep():
+    import torch
+
+    from exporter.bench import timed
+    made, got = [], []
+
+    def setup():
+        made.append(len(made))
+        return made[-1]
+
+    r = timed(got.append, torch.device("cpu"), warmup=2, reps=3, setup=setup)
+    assert made == [0, 1, 2, 3, 4] and got == made            # each call gets its own fresh argument
+    assert r["reps"] == 3 and r["p95_ms"] >= r["median_ms"] >= 0
+    calls = []
+    timed(lambda: calls.append(1), torch.device("cpu"), warmup=1, reps=2)
+    assert len(calls) == 3
