@@ -70,6 +70,10 @@ class EulerReplay:
             x_in = x
         return x, cnn_out, att_out
 
+    def release(self) -> None:
+        if isinstance(self.step, CudaGraphed):
+            self.step.release()
+
 
 class GraphPool:
     """One CUDA-graph memory pool shared by several captures, and what makes sharing it safe.
@@ -187,9 +191,8 @@ class AOTIEngine(Engine):
         return _as_list(self._fn(*args))
 
     def release(self) -> None:
-        fn = self._fn.step if isinstance(self._fn, EulerReplay) else self._fn
-        if isinstance(fn, CudaGraphed):
-            fn.release()
+        if isinstance(self._fn, (EulerReplay, CudaGraphed)):
+            self._fn.release()
         self._fn = None
         self._keep = []
 
