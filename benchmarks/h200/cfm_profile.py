@@ -8,7 +8,9 @@ built with c2w's own AOTI path (exporter.backends.aoti.build_aoti) and loaded as
     time (what a perfect launcher would cost), and the top kernels by time.
 Usage (device): python3 benchmarks/h200/cfm_profile.py --batch 1 [--depth 2] [--tag NAME] > log
 With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor configs too
-(recorded in the JSON); --tag names the variant in the output file.
+(recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
+DiT attention as it was before the att cache was written once (three concatenations per block
+and step), so both forms are measured in the same call.
 """
 from __future__ import annotations
 
@@ -28,10 +30,26 @@ from exporter.bench import timed  # noqa: E402
 from runtime.engines.aoti import AOTIBackend, CudaGraphed, GraphPool  # noqa: E402
 from runtime.engines.base import ArtifactInfo  # noqa: E402
 from runtime.model.config import preset  # noqa: E402
+from runtime.model.dit import Attention, parts  # noqa: E402
 from runtime.model.flow import FlowModel  # noqa: E402
 from runtime.model.weights import init_random_  # noqa: E402
 from runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
 from runtime.verify import unit_weights  # noqa: E402
+
+
+def legacy_attention_forward(self, x, att_cache):
+    """`runtime.model.dit.Attention.forward` before it wrote the new cache once (same values):
+    keys and values concatenated with the cache separately, then [k | v] once more."""
+    b, t, _ = x.shape
+    q = self.q_norm(self._heads(self.to_q(x)))
+    k = self.k_norm(self._heads(self.to_k(x)))
+    v = self._heads(self.to_v(x))
+    k_cache, v_cache = parts(att_cache, 2, -1)
+    k = torch.cat([k, k_cache], dim=2)
+    v = torch.cat([v, v_cache], dim=2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+    return self.proj(out), torch.cat([k, v], dim=-1)
 
 
 class _Model:
@@ -47,12 +65,16 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tag", default="", help="variant name for the output file")
+    ap.add_argument("--attn", choices=("current", "legacy"), default="current",
+                    help="legacy: the DiT attention before the att cache was written once")
     ap.add_argument("--phase", choices=("all", "build", "time"), default="all",
                     help="build: compile only (run several at once); time: reuse that build, then time "
                          "and profile (run one at a time: concurrent timings disturb each other)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     dev = torch.device("cuda")
+    if a.attn == "legacy":
+        Attention.forward = legacy_attention_forward
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     full = preset("full")
     cfg = dataclasses.replace(full, dit=dataclasses.replace(full.dit, depth=a.depth))
@@ -83,7 +105,8 @@ def main() -> None:
     info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
-    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "inductor": extra.get("inductor", {}),
+    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn,
+           "inductor": extra.get("inductor", {}),
            "commit": os.environ.get("C2W_COMMIT", "unknown"), "build_s": round(build_s, 1)}
     with torch.inference_mode():
         want = unit(*x)
@@ -107,7 +130,7 @@ def main() -> None:
             s = by_name.setdefault(e.name[:90], [0, 0.0])
             s[0] += 1
             s[1] += e.device_time
-        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
         res["profile"] = {"kernels_per_solve": len(kernels), "kernel_ms_per_solve": total_us / 1e3,
                           "mean_kernel_us": total_us / max(1, len(kernels)),
                           "top": [{"name": n, "count": c, "ms": t / 1e3} for n, (c, t) in top]}
