@@ -1,0 +1,125 @@
+"""The DiT's causal k=3 convolution block in several formulations, compiled by Inductor, timed.
+
+Why: in the depth-2 CFM proxy at B=32 T=150 (results/run5_attn) one Inductor kernel per block and
+step, `triton_poi_fused_cat_mish_select_slice_stack_transpose`, took 163 us: the shifted-frame
+stack that feeds the block's second convolution, ~40 MB of traffic, i.e. ~0.25 TB/s. This script
+times the whole CausalConvBlock (conv -> LayerNorm -> Mish -> conv, 2-frame caches) at full width,
+fp16, for the CFM's row counts (2B = 2 and 64; T = 50 and 150), one formulation per row:
+  stack_last   frames (b, T, c, k): the form c2w ships (runtime.model.dit.CausalConvBlock)
+  stack_mid    frames (b, T, k, c), weight permuted to (c_out, k, c_in) inside the graph
+  stack_mid_w  frames (b, T, k, c), weight permuted once outside (what a re-laid-out constant costs)
+  three_mm     three accumulated GEMMs over shifted views, weight slices made contiguous outside
+  cudnn        F.conv1d in (b, c, T) layout (the form before the conv-as-GEMM change)
+Usage (device): python3 benchmarks/h200/conv_variants.py [--out DIR]; prints a table, writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from exporter.bench import timed  # noqa: E402
+from runtime.model.dit import CausalConvBlock, parts  # noqa: E402
+
+
+def _head(blk, x, cache):
+    c1, c2 = parts(cache, 2, 1)
+    h = torch.cat([c1.transpose(1, 2), x], dim=1)
+    return c1, c2, h
+
+
+def _tail(blk, h, y1, c2):
+    h2 = torch.cat([c2.transpose(1, 2), blk.block[4](blk.block[3](y1))], dim=1)
+    new = torch.cat([h[:, -2:], h2[:, -2:]], dim=2).transpose(1, 2)
+    return h2, new
+
+
+def stack_mid(blk, x, cache, pre=None):
+    def conv(i, h):
+        w = pre[i] if pre is not None else blk.block[i].weight.permute(0, 2, 1).reshape(blk.channels, -1)
+        t = h.shape[1] - 2
+        frames = torch.stack([h.narrow(1, j, t) for j in range(3)], dim=-2)
+        return F.linear(frames.flatten(2), w, blk.block[i].bias)
+    _, c2, h = _head(blk, x, cache)
+    h2, new = _tail(blk, h, conv(1, h), c2)
+    return conv(6, h2), new
+
+
+def three_mm(blk, x, cache, pre):
+    def conv(i, h):
+        t = h.shape[1] - 2
+        y = F.linear(h.narrow(1, 0, t), pre[i][0], blk.block[i].bias)
+        for j in (1, 2):
+            y = y + F.linear(h.narrow(1, j, t), pre[i][j])
+        return y
+    _, c2, h = _head(blk, x, cache)
+    h2, new = _tail(blk, h, conv(1, h), c2)
+    return conv(6, h2), new
+
+
+def cudnn(blk, x, cache):
+    def conv(i, h):
+        return F.conv1d(h.transpose(1, 2), blk.block[i].weight, blk.block[i].bias).transpose(1, 2)
+    _, c2, h = _head(blk, x, cache)
+    h2, new = _tail(blk, h, conv(1, h), c2)
+    return conv(6, h2), new
+
+
+def kernel_stats(fn, args) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*args)
+        torch.cuda.synchronize()
+    ks = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    top = sorted(((e.device_time, e.name[:70]) for e in ks), reverse=True)[:3]
+    return {"kernels": len(ks), "kernel_us": round(sum(e.device_time for e in ks), 1),
+            "top": [{"us": round(t, 1), "name": n} for t, n in top]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--reps", type=int, default=50)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    c = 512
+    blk = CausalConvBlock(c).to(dev).half().eval()
+    pre_mid = {i: blk.block[i].weight.permute(0, 2, 1).reshape(c, -1).contiguous() for i in (1, 6)}
+    pre_mm = {i: [blk.block[i].weight[:, :, j].contiguous() for j in range(3)] for i in (1, 6)}
+    variants = {
+        "stack_last": lambda x, k: blk(x, k),
+        "stack_mid": lambda x, k: stack_mid(blk, x, k),
+        "stack_mid_w": lambda x, k: stack_mid(blk, x, k, pre_mid),
+        "three_mm": lambda x, k: three_mm(blk, x, k, pre_mm),
+        "cudnn": lambda x, k: cudnn(blk, x, k),
+    }
+    rows = []
+    with torch.inference_mode():
+        for rows_2b, t in ((2, 50), (64, 150)):
+            x = torch.randn(rows_2b, t, c, device=dev, dtype=torch.float16)
+            k = torch.randn(rows_2b, 2 * c, 2, device=dev, dtype=torch.float16) * 0.5
+            ref = blk(x, k)
+            for name, fn in variants.items():
+                torch._dynamo.reset()
+                comp = torch.compile(fn, fullgraph=True, dynamic=False)
+                out = comp(x, k)
+                err = max((o.float() - r.float()).abs().max().item() for o, r in zip(out, ref))
+                res = {"variant": name, "rows": rows_2b, "T": t, "max_abs_diff": err,
+                       **timed(lambda: comp(x, k), dev, 5, a.reps), **kernel_stats(comp, (x, k))}
+                rows.append(res)
+                print(f"2B={rows_2b:3d} T={t:3d} {name:12s} {res['median_ms'] * 1e3:8.1f} us  "
+                      f"kernels {res['kernels']:3d}  kernel time {res['kernel_us']:7.1f} us  diff {err:.1e}  "
+                      f"top {res['top'][0]['us']:.1f} us {res['top'][0]['name']}", flush=True)
+    Path(a.out, "conv_variants.json").write_text(json.dumps({"commit": os.environ.get("C2W_COMMIT", "unknown"),
+                                                             "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
