@@ -2,12 +2,14 @@
 
 Why: in the depth-2 CFM proxy at B=32 T=150 (results/run5_attn) one Inductor kernel per block and
 step, `triton_poi_fused_cat_mish_select_slice_stack_transpose`, took 163 us: the shifted-frame
-stack that feeds the block's second convolution, ~40 MB of traffic, i.e. ~0.25 TB/s. This script
-times the whole CausalConvBlock (conv -> LayerNorm -> Mish -> conv, 2-frame caches) at full width,
-fp16, for the CFM's row counts (2B = 2 and 64; T = 50 and 150), one formulation per row:
-  stack_last   frames (b, T, c, k): the form c2w ships (runtime.model.dit.CausalConvBlock)
-  stack_mid    frames (b, T, k, c), weight permuted to (c_out, k, c_in) inside the graph
-  stack_mid_w  frames (b, T, k, c), weight permuted once outside (what a re-laid-out constant costs)
+stack that feeds the block's second convolution, ~40 MB of traffic, i.e. ~0.25 TB/s (Inductor
+tiled it over the k = 3 axis). This script times the whole CausalConvBlock (conv -> LayerNorm ->
+Mish -> conv, 2-frame caches) at full width, fp16, for the CFM's row counts (2B = 2 and 64; T = 50
+and 150), one formulation per row:
+  tap_major    frames (b, T, k * c), weight stored (c_out, k, c_in): what c2w ships now
+               (runtime.model.dit.CausalConvBlock)
+  chan_major   frames (b, T, c, k) = torch.stack(..., -1), contiguous weight: the form before
+  stack_mid    frames torch.stack(..., -2), weight permuted once outside
   three_mm     three accumulated GEMMs over shifted views, weight slices made contiguous outside
   cudnn        F.conv1d in (b, c, T) layout (the form before the conv-as-GEMM change)
 Usage (device): python3 benchmarks/h200/conv_variants.py [--out DIR]; prints a table, writes JSON.
@@ -40,12 +42,11 @@ def _tail(blk, h, y1, c2):
     return h2, new
 
 
-def stack_mid(blk, x, cache, pre=None):
+def stacked(blk, x, cache, pre, dim):
     def conv(i, h):
-        w = pre[i] if pre is not None else blk.block[i].weight.permute(0, 2, 1).reshape(blk.channels, -1)
         t = h.shape[1] - 2
-        frames = torch.stack([h.narrow(1, j, t) for j in range(3)], dim=-2)
-        return F.linear(frames.flatten(2), w, blk.block[i].bias)
+        frames = torch.stack([h.narrow(1, j, t) for j in range(3)], dim=dim)
+        return F.linear(frames.flatten(2), pre[i], blk.block[i].bias)
     _, c2, h = _head(blk, x, cache)
     h2, new = _tail(blk, h, conv(1, h), c2)
     return conv(6, h2), new
@@ -91,12 +92,13 @@ def main() -> None:
     torch.manual_seed(0)
     c = 512
     blk = CausalConvBlock(c).to(dev).half().eval()
+    pre_cm = {i: blk.block[i].weight.contiguous().flatten(1) for i in (1, 6)}
     pre_mid = {i: blk.block[i].weight.permute(0, 2, 1).reshape(c, -1).contiguous() for i in (1, 6)}
     pre_mm = {i: [blk.block[i].weight[:, :, j].contiguous() for j in range(3)] for i in (1, 6)}
     variants = {
-        "stack_last": lambda x, k: blk(x, k),
-        "stack_mid": lambda x, k: stack_mid(blk, x, k),
-        "stack_mid_w": lambda x, k: stack_mid(blk, x, k, pre_mid),
+        "tap_major": lambda x, k: blk(x, k),
+        "chan_major": lambda x, k: stacked(blk, x, k, pre_cm, -1),
+        "stack_mid": lambda x, k: stacked(blk, x, k, pre_mid, -2),
         "three_mm": lambda x, k: three_mm(blk, x, k, pre_mm),
         "cudnn": lambda x, k: cudnn(blk, x, k),
     }

@@ -20,6 +20,13 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale) + shift
 
 
+def tap_major_(conv: nn.Conv1d) -> None:
+    """Store conv.weight (c_out, c_in, k) in (c_out, k, c_in) memory order, values unchanged, so
+    that `weight.permute(0, 2, 1).flatten(1)` is a view (CausalConvBlock)."""
+    w = conv.weight.detach()
+    conv.weight = nn.Parameter(w.permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
+
+
 def parts(x: torch.Tensor, n: int, dim: int) -> list[torch.Tensor]:
     """`x.chunk(n, dim)` as n slices. The ONNX exporter turns chunk/split into SplitToSequence +
     SequenceAt, which the TensorRT parser rejects; slices export as plain Slice ops."""
@@ -111,6 +118,15 @@ class CausalConvBlock(nn.Module):
     (b, T, c) layout the rest of the block uses: on the H200, cuDNN's convolution converted input
     and weight to NHWC on every call, and the two convolutions took 37 % of the B=1 CFM's kernel
     time (benchmarks/h200/README.md). Same function, same parameters.
+
+    The frames are laid out tap-major, (b, T, k * c): three contiguous row copies, which Inductor
+    writes as a plain 2-D kernel. (Channel-major frames, (b, T, c, k), made it tile over the k = 3
+    axis; at B=32 that kernel moved ~40 MB in 163 us on the H200, the largest non-GEMM cost of the
+    CFM, benchmarks/h200/README.md.) The matching weight order is (c_out, k, c_in), so each conv
+    weight keeps upstream's shape (c_out, c_in, k) but is STORED in (c_out, k, c_in) memory order
+    (`tap_major_`): the product reads it as a view, with no copy per call. Loading a state dict,
+    `.to()` and `.half()` keep that order; if a weight ever arrives contiguous, the view becomes a
+    copy: slower, never wrong.
     """
 
     def __init__(self, channels: int, kernel: int = 3):
@@ -121,15 +137,17 @@ class CausalConvBlock(nn.Module):
             nn.LayerNorm(channels), nn.Mish(), nn.Identity(),
             nn.Conv1d(channels, channels, kernel), nn.Identity(),
         )
+        for i in (1, 6):
+            tap_major_(self.block[i])
 
     @staticmethod
     def _conv(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
         """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out), as a matrix product:
-        frames [t, t + k) stacked so that feature c_in * k + j meets weight[:, c_in, j]."""
+        frames [t, t + k) side by side, so that feature j * c + c_in meets weight[:, c_in, j]."""
         k = conv.kernel_size[0]
         t = h.shape[1] - k + 1
-        frames = torch.stack([h.narrow(1, j, t) for j in range(k)], dim=-1)     # (b, T, c, k)
-        return F.linear(frames.flatten(2), conv.weight.flatten(1), conv.bias)
+        frames = torch.cat([h.narrow(1, j, t) for j in range(k)], dim=-1)       # (b, T, k * c)
+        return F.linear(frames, conv.weight.permute(0, 2, 1).flatten(1), conv.bias)
 
     def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, c); cnn_cache: (b, 2c, 2) -> y (b, T, c), new cache (b, 2c, 2)."""
