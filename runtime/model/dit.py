@@ -108,6 +108,13 @@ class Attention(nn.Module):
         return self.proj(out), kv
 
 
+# Rows (2B x T) from which the DiT's convolutions run as one product per tap (CausalConvBlock._conv).
+# Measured on the H200 at 100 rows (frames better: 5 fewer kernels) and 9,600 rows (per-tap
+# products 40 % faster for the block); the frame copy's cost grows ~0.01 us per row, so the
+# two cross near ~500 rows (an interpolation, not a measurement).
+SHIFTED_GEMM_ROWS = 512
+
+
 class CausalConvBlock(nn.Module):
     """conv(k=3, causal) -> LayerNorm -> Mish -> conv(k=3, causal), each conv with a 2-frame cache.
 
@@ -119,14 +126,13 @@ class CausalConvBlock(nn.Module):
     and weight to NHWC on every call, and the two convolutions took 37 % of the B=1 CFM's kernel
     time (benchmarks/h200/README.md). Same function, same parameters.
 
-    The frames are laid out tap-major, (b, T, k * c): three contiguous row copies, which Inductor
-    writes as a plain 2-D kernel. (Channel-major frames, (b, T, c, k), made it tile over the k = 3
-    axis; at B=32 that kernel moved ~40 MB in 163 us on the H200, the largest non-GEMM cost of the
-    CFM, benchmarks/h200/README.md.) The matching weight order is (c_out, k, c_in), so each conv
+    The frames are laid out tap-major, (b, T, k * c): three contiguous row copies. (Channel-major
+    frames, (b, T, c, k), made Inductor tile over the k = 3 axis: 163 us instead of 103 us per
+    block-step at B=32 on the H200.) The matching weight order is (c_out, k, c_in), so each conv
     weight keeps upstream's shape (c_out, c_in, k) but is STORED in (c_out, k, c_in) memory order
-    (`tap_major_`): the product reads it as a view, with no copy per call. Loading a state dict,
-    `.to()` and `.half()` keep that order; if a weight ever arrives contiguous, the view becomes a
-    copy: slower, never wrong.
+    (`tap_major_`): the frame product and the per-tap products (`_conv`) read it as views, with
+    no copy per call. Loading a state dict, `.to()` and `.half()` keep that order; if a weight
+    ever arrives contiguous, a view becomes a copy: slower, never wrong.
     """
 
     def __init__(self, channels: int, kernel: int = 3):
@@ -139,15 +145,28 @@ class CausalConvBlock(nn.Module):
         )
         for i in (1, 6):
             tap_major_(self.block[i])
+        self.shifted_gemm_rows = SHIFTED_GEMM_ROWS
 
-    @staticmethod
-    def _conv(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
-        """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out), as a matrix product:
-        frames [t, t + k) side by side, so that feature j * c + c_in meets weight[:, c_in, j]."""
+    def _conv(self, conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+        """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out).
+
+        Below `shifted_gemm_rows` rows (b * T): ONE matrix product over the frames [t, t + k)
+        side by side, so that feature j * c + c_in meets weight[:, c_in, j]. From there on: k
+        products, one per tap, over shifted views of h, summed. Same function; the choice is
+        made per exact shape at export. (Inductor fuses the Mish before the second convolution
+        into the frame copy and evaluates it k times per element: at B=32 T=150 that copy took
+        103 us per block-step on the H200, against 109 us for the WHOLE block as k products; at
+        B=1 the k products cost five more small kernels. benchmarks/h200/README.md.)"""
         k = conv.kernel_size[0]
-        t = h.shape[1] - k + 1
+        b, t = h.shape[0], h.shape[1] - k + 1
+        w = conv.weight.permute(0, 2, 1)                                        # (c_out, k, c_in), a view
+        if b * t >= self.shifted_gemm_rows:
+            y = F.linear(h.narrow(1, 0, t), w[:, 0], conv.bias)
+            for j in range(1, k):
+                y = y + F.linear(h.narrow(1, j, t), w[:, j])
+            return y
         frames = torch.cat([h.narrow(1, j, t) for j in range(k)], dim=-1)       # (b, T, k * c)
-        return F.linear(frames, conv.weight.permute(0, 2, 1).flatten(1), conv.bias)
+        return F.linear(frames, w.flatten(1), conv.bias)
 
     def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, c); cnn_cache: (b, 2c, 2) -> y (b, T, c), new cache (b, 2c, 2)."""

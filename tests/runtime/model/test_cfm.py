@@ -1,4 +1,5 @@
 """CFM estimator + whole Euler solve: parity with the step-audio2 oracle, batching, export."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -6,7 +7,7 @@ from cosyvoice2.flow.decoder_dit import DiT as OracleDiT
 from cosyvoice2.flow.flow_matching import CausalConditionalCFM
 
 from runtime.model.config import FULL, TINY
-from runtime.model.dit import DiT, CFMSolver, euler_schedule
+from runtime.model.dit import SHIFTED_GEMM_ROWS, CausalConvBlock, DiT, CFMSolver, euler_schedule
 from runtime.model.weights import init_random_
 from runtime.units import rel_l2
 
@@ -54,9 +55,12 @@ def test_schedule_matches_upstream_recurrence():
 
 
 @torch.inference_mode()
-def test_prompt_then_chunks_match_oracle_tiny():
+@pytest.mark.parametrize("shifted_gemm_rows", [SHIFTED_GEMM_ROWS, 0], ids=["as-shipped", "per-tap-products"])
+def test_prompt_then_chunks_match_oracle_tiny(shifted_gemm_rows):
     cfg = TINY
     ours, cfm, spk_affine = build(cfg)
+    for blk in ours.estimator.blocks:
+        blk.conv.shifted_gemm_rows = shifted_gemm_rows
     mu, spk, cond, x0, cnn, _ = inputs(cfg, 1, 60, 0)
     att0 = torch.zeros(cfg.n_timesteps, cfg.dit.depth, 2, cfg.dit.heads, 0, 2 * cfg.dit.head_dim)
     mel, c, a = ours(mu, spk, cond, x0, torch.zeros_like(cnn), att0)
@@ -112,3 +116,37 @@ def test_torch_export_static_shape():
         got = ep.module()(*args)
     assert rel_l2(got[0], want[0]) <= 1e-5
     assert tuple(got[2].shape) == (10, cfg.dit.depth, 2, 8, 90, 128)
+
+
+def _conv1d_reference(blk, x, cache):
+    """CausalConvBlock by its definition: causal conv1d over [cache ; x], LayerNorm, Mish, conv1d."""
+    c1, c2 = cache.chunk(2, dim=1)
+    h = F.conv1d(torch.cat([c1, x.transpose(1, 2)], 2), blk.block[1].weight, blk.block[1].bias)
+    h = blk.block[4](blk.block[3](h.transpose(1, 2))).transpose(1, 2)
+    return F.conv1d(torch.cat([c2, h], 2), blk.block[6].weight, blk.block[6].bias).transpose(1, 2)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("rows", [0, 10 ** 9], ids=["per-tap-products", "frame-product"])
+def test_causal_conv_forms_match_conv1d(rows):
+    torch.manual_seed(0)
+    blk = CausalConvBlock(48).eval()
+    blk.shifted_gemm_rows = rows
+    x, cache = torch.randn(3, 11, 48), torch.randn(3, 96, 2)
+    y, new = blk(x, cache)
+    assert rel_l2(y, _conv1d_reference(blk, x, cache)) <= 1e-6
+    # the new cache: the last 2 frames entering each convolution
+    assert torch.equal(new[:, :48], x[:, -2:].transpose(1, 2))
+
+
+def test_conv_weights_keep_upstream_shape_and_tap_major_storage():
+    blk = CausalConvBlock(16)
+    sd = {k: v.contiguous().clone() for k, v in blk.state_dict().items()}
+    assert tuple(sd["block.1.weight"].shape) == (16, 16, 3)          # upstream's Conv1d shape
+    fresh = CausalConvBlock(16)
+    fresh.load_state_dict(sd)                                        # a contiguous checkpoint
+    for m in (fresh, fresh.half()):
+        for i in (1, 6):
+            w = m.block[i].weight
+            assert w.permute(0, 2, 1).is_contiguous()                 # the products read views
+            assert torch.equal(w.float(), sd[f"block.{i}.weight"].to(w.dtype).float())
