@@ -93,9 +93,10 @@ class Attention(nn.Module):
         Upstream order: the chunk's keys come FIRST, then the cache; the chunk attends to all of
         it without a mask.
 
-        The new cache is written once, and attention reads its keys and values as views of it.
-        (Concatenating keys and values separately and then [k | v] again passed over the whole
-        cache three times per block and step: at B=32 that is ~0.5 GB of traffic per block-step.)
+        The new cache is built by one concatenation, and attention reads its keys and values as
+        views of it. (Eagerly, concatenating keys and values separately and then [k | v] again
+        passed over the cache three times per block-step; Inductor had already fused those into
+        one pass, so engines are unchanged: benchmarks/h200/README.md, run 5a.)
         """
         b, t, _ = x.shape
         q = self.q_norm(self._heads(self.to_q(x)))
@@ -153,14 +154,17 @@ class CausalConvBlock(nn.Module):
         Below `shifted_gemm_rows` rows (b * T): ONE matrix product over the frames [t, t + k)
         side by side, so that feature j * c + c_in meets weight[:, c_in, j]. From there on: k
         products, one per tap, over shifted views of h, summed. Same function; the choice is
-        made per exact shape at export. (Inductor fuses the Mish before the second convolution
+        made per exact shape at export (dynamic-shape exports always take the frame product). (Inductor fuses the Mish before the second convolution
         into the frame copy and evaluates it k times per element: at B=32 T=150 that copy took
         103 us per block-step on the H200, against 109 us for the WHOLE block as k products; at
         B=1 the k products cost five more small kernels. benchmarks/h200/README.md.)"""
         k = conv.kernel_size[0]
         b, t = h.shape[0], h.shape[1] - k + 1
         w = conv.weight.permute(0, 2, 1)                                        # (c_out, k, c_in), a view
-        if b * t >= self.shifted_gemm_rows:
+        rows = b * t
+        # a symbolic size (an export with dynamic dims, e.g. the TensorRT graph) takes the frame
+        # product, which is right for every shape, and adds no guard on B or T
+        if isinstance(rows, int) and rows >= self.shifted_gemm_rows:
             y = F.linear(h.narrow(1, 0, t), w[:, 0], conv.bias)
             for j in range(1, k):
                 y = y + F.linear(h.narrow(1, j, t), w[:, j])

@@ -150,3 +150,24 @@ def test_conv_weights_keep_upstream_shape_and_tap_major_storage():
             w = m.block[i].weight
             assert w.permute(0, 2, 1).is_contiguous()                 # the products read views
             assert torch.equal(w.float(), sd[f"block.{i}.weight"].to(w.dtype).float())
+
+
+def test_conv_form_is_chosen_only_for_static_shapes():
+    """Static export at >= SHIFTED_GEMM_ROWS rows: one product per tap (3 per conv). An export
+    with a dynamic batch (the TensorRT graph) takes the frame product (1 per conv), valid for
+    every shape, instead of guarding B on the row count."""
+    blk = CausalConvBlock(16).eval()
+    x, cache = torch.randn(16, 40, 16), torch.randn(16, 32, 2)             # 640 rows
+    assert 16 * 40 >= SHIFTED_GEMM_ROWS
+
+    def products(ep):
+        return sum(n.target in (torch.ops.aten.linear.default, torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+                   for n in ep.graph.nodes)
+
+    static = torch.export.export(blk, (x, cache), strict=False)
+    batch = torch.export.Dim("B", min=1, max=64)
+    dynamic = torch.export.export(blk, (x, cache), dynamic_shapes=({0: batch}, {0: batch}), strict=False)
+    assert products(static) == 6 and products(dynamic) == 2
+    with torch.inference_mode():
+        want = _conv1d_reference(blk, x[:3], cache[:3])
+        assert rel_l2(dynamic.module()(x[:3], cache[:3])[0], want) <= 1e-6
