@@ -175,30 +175,46 @@ def _prompt(model, B: int, P: int, N: int, device):
     return prompt, pmel, spk, tok
 
 
-def load_memory(cache_factory, model, device, allocated=None) -> dict:
+def load_memory(cache_factory, model, device, allocated=None, outside=None) -> dict:
     """Device bytes each engine adds as it loads, one at a time (the eager model, whose weights
     the engines share, is already resident). An engine that copied its component's weights
     would add at least their size; one that shares them adds only its own buffers (CUDA-graph
-    static inputs/outputs, workspace, constants of its own)."""
+    static inputs/outputs, workspace, constants of its own).
+
+    Two counters, because an engine can allocate in two places: `allocated`, PyTorch's caching
+    allocator (graph buffers, anything AOTI allocates as a tensor), and `outside`, device memory
+    in use that the allocator does not hold (cudaMalloc by the engine itself: AOTI keeps the
+    constants of a package that carries them in such a blob; also loaded kernel code)."""
     from exporter.plan import weight_bytes
     if allocated is None:
         def allocated():
             torch.cuda.synchronize(device)
             return torch.cuda.memory_allocated(device)
+    if outside is None:
+        def outside():
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(device)
+            return total - free - torch.cuda.memory_reserved(device)
         torch.cuda.empty_cache()
     cache = cache_factory()                                   # lazy: nothing loaded yet
-    before = allocated()
+    before, outside_before = allocated(), outside()
     per_engine: dict[str, int] = {}
+    per_engine_outside: dict[str, int] = {}
     for key in cache.keys:
-        b = allocated()
+        b, o = allocated(), outside()
         if cache.load(key):
             per_engine[key.id] = allocated() - b
+            per_engine_outside[key.id] = outside() - o
     engines: dict[str, int] = {}
     for key in cache.loaded:
         engines[key.component] = engines.get(key.component, 0) + 1
-    after = allocated()
+    after, outside_after = allocated(), outside()
     return cache, {"weights_bytes": weight_bytes(model), "engines": engines, "per_engine_added_bytes": per_engine,
-                   "allocated_before": before, "allocated_after": after, "added_bytes": after - before,
+                   "per_engine_outside_allocator_bytes": per_engine_outside,
+                   "allocated_before": before, "allocated_after": after,
+                   "added_bytes": (after - before) + (outside_after - outside_before),
+                   "added_outside_allocator_bytes": outside_after - outside_before,
                    "unusable": cache.unusable()}
 
 
@@ -405,10 +421,12 @@ def to_markdown(res: dict) -> str:
                       f"memory to the eager model's weights ({sum(m['weights_bytes'].values()) / 2**20:.0f} MiB: "
                       f"{ {k: round(v / 2**20) for k, v in m['weights_bytes'].items()} } MiB); budget "
                       f"{m['budget_bytes'] / 2**30:.0f} GiB, within: {m['within_budget']}."]
-            per = m.get("per_engine_added_bytes", {})
+            per, out = m.get("per_engine_added_bytes", {}), m.get("per_engine_outside_allocator_bytes", {})
             if per:
-                lines += ["", "Added by each engine as it loaded, MiB: " + ", ".join(
-                    f"{k} {v / 2**20:.0f}" for k, v in per.items()) + "."]
+                lines += ["", "Added by each engine as it loaded, MiB (PyTorch's allocator" +
+                          (" + outside it" if out else "") + "): " + ", ".join(
+                              f"{k} {v / 2**20:.0f}" + (f" + {out.get(k, 0) / 2**20:.0f}" if out else "")
+                              for k, v in per.items()) + "."]
         if "session_fidelity" in r:
             f = r["session_fidelity"]
             lines += ["", f"Audio of a B=1 session ({f['chunks']} chunks, {f['samples']} samples) against the "

@@ -139,8 +139,9 @@ def test_bench_cli_profile_resolves_the_export_dir(ort_artifacts, tmp_path, monk
 
 
 def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
-    """Per-engine load deltas (the weight-sharing check), with a stand-in for the CUDA allocator
-    counter: every load adds 10 bytes here, so each engine is credited exactly 10."""
+    """Per-engine load deltas (the weight-sharing check), with stand-ins for the two CUDA
+    counters: every load adds 10 bytes to the allocator's and 3 outside it, so each engine is
+    credited exactly 10 and 3, and the total counts both."""
     import torch
 
     from exporter.bench import load_memory
@@ -153,13 +154,17 @@ def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
 
     def load(self, key):
         counter["n"] += 10
+        counter["outside"] += 3
         return real_load(self, key)
 
+    counter["outside"] = 0
     monkeypatch.setattr(EngineCache, "load", load)
     cache, mem = load_memory(lambda: EngineCache(ort_artifacts, model), model, torch.device("cpu"),
-                             allocated=lambda: counter["n"])
+                             allocated=lambda: counter["n"], outside=lambda: counter["outside"])
     assert len(cache.loaded) == 8 and sorted(mem["per_engine_added_bytes"]) == sorted(k.id for k in cache.loaded)
-    assert set(mem["per_engine_added_bytes"].values()) == {10} and mem["added_bytes"] == 80
+    assert set(mem["per_engine_added_bytes"].values()) == {10}
+    assert set(mem["per_engine_outside_allocator_bytes"].values()) == {3}
+    assert mem["added_bytes"] == 8 * 13 and mem["added_outside_allocator_bytes"] == 24
     assert mem["engines"] == {"flow_encoder": 3, "cfm": 3, "hift": 2}
     cache.release()
 
