@@ -6,17 +6,23 @@ stack that feeds the block's second convolution, ~40 MB of traffic, i.e. ~0.25 T
 tiled it over the k = 3 axis). This script times the whole CausalConvBlock (conv -> LayerNorm ->
 Mish -> conv, 2-frame caches) at full width, fp16, for the CFM's row counts (2B = 2 and 64; T = 50
 and 150), one formulation per row:
-  tap_major    frames (b, T, k * c), weight stored (c_out, k, c_in): what c2w ships now
-               (runtime.model.dit.CausalConvBlock)
+  shipped      runtime.model.dit.CausalConvBlock as it is: frame product below SHIFTED_GEMM_ROWS
+               rows, per-tap products from there on
+  tap_major    the block forced to its frame product: frames (b, T, k * c), weight stored
+               (c_out, k, c_in)
+  per_tap      the block forced to its per-tap products (weight slices read as strided views)
   chan_major   frames (b, T, c, k) = torch.stack(..., -1), contiguous weight: the form before
   stack_mid    frames torch.stack(..., -2), weight permuted once outside
   three_mm     three accumulated GEMMs over shifted views, weight slices made contiguous outside
   cudnn        F.conv1d in (b, c, T) layout (the form before the conv-as-GEMM change)
 Usage (device): python3 benchmarks/h200/conv_variants.py [--out DIR]; prints a table, writes JSON.
+(results/run5_conv/table.txt is from 7d084f7, where the block always took the frame product: its
+`tap_major` row is this script's `tap_major` row; `shipped` and `per_tap` came later.)
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -95,8 +101,12 @@ def main() -> None:
     pre_cm = {i: blk.block[i].weight.contiguous().flatten(1) for i in (1, 6)}
     pre_mid = {i: blk.block[i].weight.permute(0, 2, 1).reshape(c, -1).contiguous() for i in (1, 6)}
     pre_mm = {i: [blk.block[i].weight[:, :, j].contiguous() for j in range(3)] for i in (1, 6)}
+    frames_only, per_tap = copy.deepcopy(blk), copy.deepcopy(blk)
+    frames_only.shifted_gemm_rows, per_tap.shifted_gemm_rows = 1 << 40, 0
     variants = {
-        "tap_major": lambda x, k: blk(x, k),
+        "shipped": lambda x, k: blk(x, k),
+        "tap_major": lambda x, k: frames_only(x, k),
+        "per_tap": lambda x, k: per_tap(x, k),
         "chan_major": lambda x, k: stacked(blk, x, k, pre_cm, -1),
         "stack_mid": lambda x, k: stacked(blk, x, k, pre_mid, -2),
         "three_mm": lambda x, k: three_mm(blk, x, k, pre_mm),
