@@ -10,7 +10,8 @@ Usage (device): python3 benchmarks/h200/cfm_profile.py --batch 1 [--depth 2] [--
 With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor configs too
 (recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
 DiT attention as it was before the att cache was written once (three concatenations per block
-and step), so both forms are measured in the same call.
+and step), so both forms are measured in the same call. `--fuse qkv,ada` applies candidate DiT
+changes from dit_variants.py (packed q/k/v projection, one adaLN GEMM per step).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from runtime.engines.aoti import AOTIBackend, CudaGraphed, GraphPool  # noqa: E4
 from runtime.engines.base import ArtifactInfo  # noqa: E402
 from runtime.model.config import preset  # noqa: E402
 from runtime.model.dit import Attention, parts  # noqa: E402
+from benchmarks.h200.dit_variants import apply as apply_variants  # noqa: E402
 from runtime.model.flow import FlowModel  # noqa: E402
 from runtime.model.weights import init_random_  # noqa: E402
 from runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
@@ -67,6 +69,7 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="variant name for the output file")
     ap.add_argument("--attn", choices=("current", "legacy"), default="current",
                     help="legacy: the DiT attention before the att cache was written once")
+    ap.add_argument("--fuse", default="", help="comma-separated dit_variants.py variants, e.g. qkv,ada")
     ap.add_argument("--phase", choices=("all", "build", "time"), default="all",
                     help="build: compile only (run several at once); time: reuse that build, then time "
                          "and profile (run one at a time: concurrent timings disturb each other)")
@@ -83,6 +86,7 @@ def main() -> None:
     flow.eval().to(dev)
     flow.decoder.estimator.half()
     flow.spk_embed_affine_layer.half()
+    apply_variants(flow.decoder.estimator, a.fuse)
     model = _Model(flow, cfg)
     key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
     spec = SPECS["cfm"]
@@ -105,7 +109,7 @@ def main() -> None:
     info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
-    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn,
+    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn, "fuse": a.fuse,
            "inductor": extra.get("inductor", {}),
            "commit": os.environ.get("C2W_COMMIT", "unknown"), "build_s": round(build_s, 1)}
     with torch.inference_mode():

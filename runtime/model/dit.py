@@ -87,6 +87,10 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         return x.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)   # (b, h, t, d)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (b, T, dim) -> q, k, v (b, T, h * d) each."""
+        return self.to_q(x), self.to_k(x), self.to_v(x)
+
     def forward(self, x: torch.Tensor, att_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, dim); att_cache: (b, h, L, 2d) = [k | v] -> out (b, T, dim), cache (b, h, T+L, 2d).
 
@@ -99,9 +103,8 @@ class Attention(nn.Module):
         one pass, so engines are unchanged: benchmarks/h200/README.md, run 5a.)
         """
         b, t, _ = x.shape
-        q = self.q_norm(self._heads(self.to_q(x)))
-        k = self.k_norm(self._heads(self.to_k(x)))
-        v = self._heads(self.to_v(x))
+        q, k, v = self.project(x)
+        q, k, v = self.q_norm(self._heads(q)), self.k_norm(self._heads(k)), self._heads(v)
         kv = torch.cat([torch.cat([k, v], dim=-1), att_cache], dim=2)           # (b, h, T+L, 2d)
         k, v = parts(kv, 2, -1)
         out = F.scaled_dot_product_attention(q, k, v)
@@ -208,8 +211,12 @@ class DiTBlock(nn.Module):
 
     def forward(self, x, temb, cnn_cache, att_cache):
         """x: (b, T, d); temb: (1 or b, 1, d); caches as in Attention / CausalConvBlock."""
+        return self.modulated(x, self.adaLN_modulation(temb), cnn_cache, att_cache)
+
+    def modulated(self, x, mod, cnn_cache, att_cache):
+        """The block given its adaLN modulation `mod` (1 or b, 1, 9 d)."""
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
-         shift_conv, scale_conv, gate_conv) = parts(self.adaLN_modulation(temb), 9, -1)
+         shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
         a, new_att = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache)
         x = x + gate_msa * a
         c, new_cnn = self.conv(modulate(self.norm3(x), shift_conv, scale_conv), cnn_cache)
