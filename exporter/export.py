@@ -23,7 +23,7 @@ from runtime.errors import C2WUserError
 from runtime.manifest import (Entry, Manifest, entry_identity, file_sha256, read_manifest, write_manifest)
 from runtime.model.weights import Code2Wav, load_model
 from runtime.units import SPECS, ShapeKey, dtype_of
-from runtime.verify import check_entry, device_name, unit_weights
+from runtime.verify import check_entry, device_name, unit_weights, weights_layout
 
 log = logging.getLogger("c2w.export")
 
@@ -106,7 +106,8 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
         entry.identity = entry_identity(model_digest=model.digest, key_id=key.id, backend=profile.backend,
                                         backend_version=manifest.backend["version"],
                                         torch_version=torch.__version__, device=manifest.device,
-                                        precision=manifest.precision, build_options=build_options)
+                                        precision=manifest.precision, build_options=build_options,
+                                        weights_layout=weights_layout(SPECS[key.component].build(model, key)))
         old = previous.get(key.id)
         if old is not None and old.status == "built" and old.identity == entry.identity and _artifact_ok(out_dir, old):
             manifest.entries[-1] = old

@@ -111,12 +111,16 @@ def file_sha256(path: Path) -> str:
 
 
 def entry_identity(*, model_digest: str, key_id: str, backend: str, backend_version: str,
-                   torch_version: str, device: str, precision: dict, build_options: dict | None = None) -> str:
+                   torch_version: str, device: str, precision: dict, build_options: dict | None = None,
+                   weights_layout: dict | None = None) -> str:
     """Canonical hash of everything that determines one artifact: equal identity => reusable.
-    `build_options` (compiler overrides such as C2W_AOTI_INDUCTOR) count only when given."""
+    `build_options` (compiler overrides such as C2W_AOTI_INDUCTOR) and `weights_layout` (strides
+    of weights not stored contiguously, runtime.verify.weights_layout) count only when given."""
     fields = {"model": model_digest, "key": key_id, "backend": backend, "backend_version": backend_version,
               "torch": torch_version, "device": device, "precision": precision, "format": FORMAT_VERSION}
     if build_options:
         fields["build_options"] = build_options
+    if weights_layout:
+        fields["weights_layout"] = weights_layout
     blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

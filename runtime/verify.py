@@ -42,6 +42,14 @@ def unit_weights(unit: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(unit.named_parameters()), **dict(unit.named_buffers())}
 
 
+def weights_layout(unit: torch.nn.Module) -> dict[str, list[int]]:
+    """FQN -> strides of every weight of a unit that is not stored contiguously (the DiT's conv
+    weights are stored tap-major). AOTI binds shared weights by pointer, so a package is valid
+    only for the memory layout it was built with: the layout is part of an artifact's identity
+    and is checked when a package is loaded."""
+    return {fqn: list(t.stride()) for fqn, t in unit_weights(unit).items() if not t.is_contiguous()}
+
+
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:

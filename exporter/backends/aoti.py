@@ -27,6 +27,7 @@ import torch
 
 from runtime.errors import C2WUserError
 from runtime.units import CFMStepUnit, ShapeKey
+from runtime.verify import weights_layout
 
 INDUCTOR_CONFIGS = {
     # weights are bound at load from the runtime's single shared copy (user_managed=True)
@@ -110,6 +111,9 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
     configs = {**INDUCTOR_CONFIGS, **({"aot_inductor.package_constants_in_so": True} if lifted else {}),
                **overrides}
     extra["constants_in_so"] = bool(lifted)
+    if not lifted:
+        # the layout the package will read the shared weights in (bound by pointer at load)
+        extra["constant_strides"] = weights_layout(unit)
     if overrides:
         extra["inductor"] = overrides
     tmp = path.with_name(path.stem + ".tmp.pt2")

@@ -182,6 +182,26 @@ def nbytes(shapes, dtypes) -> int:
 GRAPH_MAX_BYTES = 512 << 20
 
 
+def check_layout(table: Mapping[str, torch.Tensor], built: Mapping[str, Sequence[int]]) -> None:
+    """Refuse shared weights stored in another memory layout than the package was built for.
+
+    `load_constants(..., user_managed=True)` takes each tensor's pointer as is: a weight whose
+    strides differ from the build's is read in the wrong order, silently (e.g. a package built
+    before the DiT's conv weights were stored tap-major). `built` holds the strides of the
+    weights that were not contiguous at build time (`extra["constant_strides"]`); every other
+    weight must be contiguous."""
+    bad = []
+    for fqn, t in table.items():
+        want = built.get(fqn)
+        if (t.is_contiguous() if want is None else list(t.stride()) == list(want)):
+            continue
+        bad.append(f"{fqn}: strides {tuple(t.stride())}, built for {tuple(want) if want else 'contiguous'}")
+    if bad:
+        raise RuntimeError(f"{len(bad)} shared weights are laid out differently from the package's build "
+                           f"(e.g. {bad[0]}); AOTI would read them in the wrong order. Rebuild the artifact "
+                           "with this version of c2w (c2w export).")
+
+
 class AOTIEngine(Engine):
     def __init__(self, info: ArtifactInfo, fn, device: torch.device, keep: list):
         self.info, self._fn, self.device, self._keep = info, fn, device, keep
@@ -246,6 +266,7 @@ class AOTIBackend(Backend):
                     table[fqn] = t if t.device == device else t.to(device)
             if missing:
                 raise RuntimeError(f"{len(missing)} constants have no shared tensor, e.g. {missing[:4]}")
+            check_layout(table, (info.extra or {}).get("constant_strides", {}))
             runner.load_constants(table, check_full_update=True, user_managed=True)
             keep.append(table)
         fn = CudaGraphed(runner, *graph_inputs(info), device, self.pool(device)) if graphed else runner

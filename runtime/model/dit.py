@@ -23,8 +23,8 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 def tap_major_(conv: nn.Conv1d) -> None:
     """Store conv.weight (c_out, c_in, k) in (c_out, k, c_in) memory order, values unchanged, so
     that `weight.permute(0, 2, 1).flatten(1)` is a view (CausalConvBlock)."""
-    w = conv.weight.detach()
-    conv.weight = nn.Parameter(w.permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
+    w = conv.weight
+    conv.weight = nn.Parameter(w.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
 
 
 def parts(x: torch.Tensor, n: int, dim: int) -> list[torch.Tensor]:
@@ -100,7 +100,7 @@ class Attention(nn.Module):
         The new cache is built by one concatenation, and attention reads its keys and values as
         views of it. (Eagerly, concatenating keys and values separately and then [k | v] again
         passed over the cache three times per block-step; Inductor had already fused those into
-        one pass, so engines are unchanged: benchmarks/h200/README.md, run 5a.)
+        one pass, so engines gained nothing: benchmarks/h200/README.md, run 5a.)
         """
         b, t, _ = x.shape
         q, k, v = self.project(x)
@@ -113,9 +113,10 @@ class Attention(nn.Module):
 
 
 # Rows (2B x T) from which the DiT's convolutions run as one product per tap (CausalConvBlock._conv).
-# Measured on the H200 at 100 rows (frames better: 5 fewer kernels) and 9,600 rows (per-tap
-# products 40 % faster for the block); the frame copy's cost grows ~0.01 us per row, so the
-# two cross near ~500 rows (an interpolation, not a measurement).
+# Measured on the H200 at 100 rows (frames: 21.6 us of kernels in 6 kernels, per-tap 23.6 us in
+# 11) and 9,600 rows (182 vs 109 us). A straight line through the two puts the crossover of
+# kernel time near 350 rows; 512 leaves room for the five extra kernels' gaps under CUDA graphs.
+# An estimate between two measured sizes, not a measured crossover.
 SHIFTED_GEMM_ROWS = 512
 
 
@@ -125,18 +126,21 @@ class CausalConvBlock(nn.Module):
     Indices 1, 3 and 6 of `block` hold the parameters so that keys match upstream
     (`conv.block.1`, `conv.block.3`, `conv.block.6`); the other slots are placeholders.
 
-    Each k=3 convolution runs as ONE matrix product over the three shifted frames, in the
-    (b, T, c) layout the rest of the block uses: on the H200, cuDNN's convolution converted input
-    and weight to NHWC on every call, and the two convolutions took 37 % of the B=1 CFM's kernel
-    time (benchmarks/h200/README.md). Same function, same parameters.
+    Each k=3 convolution runs as matrix products in the (b, T, c) layout the rest of the block
+    uses, not as a cuDNN convolution: on the H200, cuDNN converted input and weight to NHWC on
+    every call, and the two convolutions took 37 % of the B=1 CFM's kernel time
+    (benchmarks/h200/README.md). Which products depends on the row count (`_conv`). Same
+    function, same parameters.
 
     The frames are laid out tap-major, (b, T, k * c): three contiguous row copies. (Channel-major
     frames, (b, T, c, k), made Inductor tile over the k = 3 axis: 163 us instead of 103 us per
     block-step at B=32 on the H200.) The matching weight order is (c_out, k, c_in), so each conv
     weight keeps upstream's shape (c_out, c_in, k) but is STORED in (c_out, k, c_in) memory order
     (`tap_major_`): the frame product and the per-tap products (`_conv`) read it as views, with
-    no copy per call. Loading a state dict, `.to()` and `.half()` keep that order; if a weight
-    ever arrives contiguous, a view becomes a copy: slower, never wrong.
+    no copy per call. `load_state_dict`, `.to()` and `.half()` keep that order (`assign=True`
+    does not). Eagerly, a weight in another order only costs a copy per call; an AOTI package,
+    which binds weights by pointer, records the order it was built for and refuses another
+    (runtime/engines/aoti.py).
     """
 
     def __init__(self, channels: int, kernel: int = 3):
@@ -156,11 +160,13 @@ class CausalConvBlock(nn.Module):
 
         Below `shifted_gemm_rows` rows (b * T): ONE matrix product over the frames [t, t + k)
         side by side, so that feature j * c + c_in meets weight[:, c_in, j]. From there on: k
-        products, one per tap, over shifted views of h, summed. Same function; the choice is
-        made per exact shape at export (dynamic-shape exports always take the frame product). (Inductor fuses the Mish before the second convolution
-        into the frame copy and evaluates it k times per element: at B=32 T=150 that copy took
-        103 us per block-step on the H200, against 109 us for the WHOLE block as k products; at
-        B=1 the k products cost five more small kernels. benchmarks/h200/README.md.)"""
+        products, one per tap, over shifted views of h, summed. Same function (in fp16 the k
+        rounded products add a little rounding: docs/numerics.md); the choice is made per exact
+        shape at export, and dynamic-shape exports always take the frame product. Why: Inductor
+        fuses the Mish before the second convolution into the frame copy and evaluates it k
+        times per element; at B=32 T=150 that copy took 103 us per block-step on the H200, and
+        the whole block as k products (contiguous weight slices) 109 us against 182; at B=1 the
+        k products cost five more small kernels (benchmarks/h200/README.md, run 5a)."""
         k = conv.kernel_size[0]
         b, t = h.shape[0], h.shape[1] - k + 1
         w = conv.weight.permute(0, 2, 1)                                        # (c_out, k, c_in), a view

@@ -113,7 +113,21 @@ def test_aoti_keys_build_and_pass_parity(tmp_path):
         assert e.artifact.endswith(".pt2") and e.parity["passed"]
         # the load-crash signature (a statically linked libstdc++ in the model .so) is refused
         assert static_libstdcxx_objects(tmp_path / "aoti" / e.artifact) == []
-    assert built["cfm-B1-T50-L150-float32"].extra["cfm_step"] is True
+    cfm = built["cfm-B1-T50-L150-float32"]
+    assert cfm.extra["cfm_step"] is True
+    # the package records the layout of the weights it binds by pointer (the DiT's tap-major conv
+    # weights), and refuses the same values in another layout
+    from runtime.engines.aoti import AOTIBackend
+    from runtime.units import SPECS
+    from runtime.verify import artifact_info, unit_weights
+    strides = cfm.extra["constant_strides"]
+    assert strides and all(".conv.block." in fqn for fqn in strides)
+    weights = unit_weights(SPECS["cfm"].build(model, keys[1]))
+    info = artifact_info(tmp_path / "aoti", cfm, model.cfg)
+    AOTIBackend().load(info, weights, torch.device("cpu")).release()
+    contiguous = {fqn: (t.contiguous() if fqn in strides else t) for fqn, t in weights.items()}
+    with pytest.raises(RuntimeError, match="laid out differently"):
+        AOTIBackend().load(info, contiguous, torch.device("cpu"))
 
 
 def test_aoti_inductor_overrides_and_identity(monkeypatch):
@@ -137,6 +151,9 @@ def test_aoti_inductor_overrides_and_identity(monkeypatch):
                   device="cuda", precision={"cfm": "float16"})
     assert entry_identity(**common) == entry_identity(**common, build_options={})     # unchanged by default
     assert entry_identity(**common) != entry_identity(**common, build_options={"combo_kernels": True})
+    # weights stored in another memory layout make another artifact (AOTI binds them by pointer)
+    assert entry_identity(**common) == entry_identity(**common, weights_layout={})
+    assert entry_identity(**common) != entry_identity(**common, weights_layout={"w": [24, 1, 8]})
 
 
 def test_report_formats_and_plot(ort_artifacts, tmp_path):

@@ -109,3 +109,21 @@ def test_releasing_an_engine_retires_its_pool(monkeypatch):
     enc.release()
     assert pool.live == 0 and pool.retired
     assert backend.pool(CUDA) is not pool
+
+
+def test_weights_in_another_layout_than_the_build_are_refused():
+    """AOTI binds shared weights by pointer: a weight whose strides differ from the build's would
+    be read in the wrong order, so loading refuses it (a package built before the DiT's conv
+    weights were stored tap-major must not bind the tap-major tensors, nor the reverse)."""
+    from runtime.engines.aoti import check_layout
+    from runtime.model.dit import CausalConvBlock
+    from runtime.verify import weights_layout
+    blk = CausalConvBlock(8)
+    built = weights_layout(blk)
+    assert sorted(built) == ["block.1.weight", "block.6.weight"] and built["block.1.weight"] == [24, 1, 8]
+    table = dict(blk.state_dict())
+    check_layout(table, built)                                      # as built: fine
+    with pytest.raises(RuntimeError, match=r"block\.1\.weight: strides \(24, 1, 8\), built for contiguous"):
+        check_layout(table, {})                                     # a package built before tap-major
+    with pytest.raises(RuntimeError, match=r"block\.6\.weight: strides \(24, 3, 1\), built for \(24, 1, 8\)"):
+        check_layout({**table, "block.6.weight": table["block.6.weight"].contiguous()}, built)

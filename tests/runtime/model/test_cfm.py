@@ -119,11 +119,14 @@ def test_torch_export_static_shape():
 
 
 def _conv1d_reference(blk, x, cache):
-    """CausalConvBlock by its definition: causal conv1d over [cache ; x], LayerNorm, Mish, conv1d."""
+    """CausalConvBlock by its definition: causal conv1d over [cache ; x], LayerNorm, Mish, conv1d.
+    -> output (b, T, c), and the new cache: the last 2 frames entering each conv (b, 2c, 2)."""
     c1, c2 = cache.chunk(2, dim=1)
-    h = F.conv1d(torch.cat([c1, x.transpose(1, 2)], 2), blk.block[1].weight, blk.block[1].bias)
-    h = blk.block[4](blk.block[3](h.transpose(1, 2))).transpose(1, 2)
-    return F.conv1d(torch.cat([c2, h], 2), blk.block[6].weight, blk.block[6].bias).transpose(1, 2)
+    h1 = torch.cat([c1, x.transpose(1, 2)], 2)
+    h = F.conv1d(h1, blk.block[1].weight, blk.block[1].bias)
+    h2 = torch.cat([c2, blk.block[4](blk.block[3](h.transpose(1, 2))).transpose(1, 2)], 2)
+    y = F.conv1d(h2, blk.block[6].weight, blk.block[6].bias).transpose(1, 2)
+    return y, torch.cat([h1[:, :, -2:], h2[:, :, -2:]], 1)
 
 
 @torch.inference_mode()
@@ -134,9 +137,9 @@ def test_causal_conv_forms_match_conv1d(rows):
     blk.shifted_gemm_rows = rows
     x, cache = torch.randn(3, 11, 48), torch.randn(3, 96, 2)
     y, new = blk(x, cache)
-    assert rel_l2(y, _conv1d_reference(blk, x, cache)) <= 1e-6
-    # the new cache: the last 2 frames entering each convolution
-    assert torch.equal(new[:, :48], x[:, -2:].transpose(1, 2))
+    want_y, want_new = _conv1d_reference(blk, x, cache)
+    assert rel_l2(y, want_y) <= 1e-6
+    assert rel_l2(new, want_new) <= 1e-6          # the last 2 frames entering each convolution
 
 
 def test_conv_weights_keep_upstream_shape_and_tap_major_storage():
@@ -145,11 +148,13 @@ def test_conv_weights_keep_upstream_shape_and_tap_major_storage():
     assert tuple(sd["block.1.weight"].shape) == (16, 16, 3)          # upstream's Conv1d shape
     fresh = CausalConvBlock(16)
     fresh.load_state_dict(sd)                                        # a contiguous checkpoint
-    for m in (fresh, fresh.half()):
+    for convert in (lambda m: m, lambda m: m.to(torch.float64), lambda m: m.half()):
+        m = convert(fresh)
         for i in (1, 6):
             w = m.block[i].weight
             assert w.permute(0, 2, 1).is_contiguous()                 # the products read views
-            assert torch.equal(w.float(), sd[f"block.{i}.weight"].to(w.dtype).float())
+            assert torch.equal(w, sd[f"block.{i}.weight"].to(w.dtype))
+        assert m.block[1].weight.requires_grad                       # a parameter like the others
 
 
 def test_conv_form_is_chosen_only_for_static_shapes():
@@ -169,5 +174,5 @@ def test_conv_form_is_chosen_only_for_static_shapes():
     dynamic = torch.export.export(blk, (x, cache), dynamic_shapes=({0: batch}, {0: batch}), strict=False)
     assert products(static) == 6 and products(dynamic) == 2
     with torch.inference_mode():
-        want = _conv1d_reference(blk, x[:3], cache[:3])
+        want, _ = _conv1d_reference(blk, x[:3], cache[:3])
         assert rel_l2(dynamic.module()(x[:3], cache[:3])[0], want) <= 1e-6
