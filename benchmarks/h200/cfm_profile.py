@@ -77,6 +77,8 @@ def main() -> None:
     a = ap.parse_args()
     dev = torch.device("cuda")
     if a.attn == "legacy":
+        if "qkv" in a.fuse.split(","):
+            raise SystemExit("--attn legacy computes q, k and v itself: it cannot be combined with --fuse qkv")
         Attention.forward = legacy_attention_forward
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     full = preset("full")
@@ -92,7 +94,9 @@ def main() -> None:
     spec = SPECS["cfm"]
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
-    name = f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}{'_' + a.tag if a.tag else ''}"
+    # the variant switches are part of the name: a `--phase time` call must find ITS build
+    switches = (["legacy-attn"] if a.attn == "legacy" else []) + [f.strip() for f in a.fuse.split(",") if f.strip()]
+    name = "_".join([f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}", *switches, *([a.tag] if a.tag else [])])
     path = Path(f"/tmp/{name}.pt2")
     built = path.with_suffix(".build.json")
     if a.phase == "time" and built.is_file() and path.is_file():

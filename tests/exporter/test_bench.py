@@ -139,33 +139,41 @@ def test_bench_cli_profile_resolves_the_export_dir(ort_artifacts, tmp_path, monk
 
 
 def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
-    """Per-engine load deltas (the weight-sharing check), with stand-ins for the two CUDA
-    counters: every load adds 10 bytes to the allocator's and 3 outside it, so each engine is
-    credited exactly 10 and 3, and the total counts both."""
+    """Per-engine load deltas (the weight-sharing check), with stand-ins for the three CUDA
+    counters: every load adds 10 MiB to PyTorch's allocated memory, 4 more to its reserved
+    memory (a graph pool) and 3 outside it, so each engine is credited exactly that."""
     import torch
 
-    from exporter.bench import load_memory
+    from exporter.bench import load_memory, to_markdown
     from runtime.cache import EngineCache
     from runtime.manifest import read_manifest
     from runtime.model.weights import load_model
     model = load_model(read_manifest(ort_artifacts).model["spec"])
-    counter = {"n": 0}
+    MiB = 1 << 20
+    c = {"allocated": 1000 * MiB, "reserved": 1200 * MiB, "used": 1500 * MiB}
     real_load = EngineCache.load
 
     def load(self, key):
-        counter["n"] += 10
-        counter["outside"] += 3
+        c["allocated"] += 10 * MiB
+        c["reserved"] += 14 * MiB
+        c["used"] += 17 * MiB
         return real_load(self, key)
 
-    counter["outside"] = 0
     monkeypatch.setattr(EngineCache, "load", load)
     cache, mem = load_memory(lambda: EngineCache(ort_artifacts, model), model, torch.device("cpu"),
-                             allocated=lambda: counter["n"], outside=lambda: counter["outside"])
-    assert len(cache.loaded) == 8 and sorted(mem["per_engine_added_bytes"]) == sorted(k.id for k in cache.loaded)
-    assert set(mem["per_engine_added_bytes"].values()) == {10}
-    assert set(mem["per_engine_outside_allocator_bytes"].values()) == {3}
-    assert mem["added_bytes"] == 8 * 13 and mem["added_outside_allocator_bytes"] == 24
+                             counters=lambda: (c["allocated"], c["reserved"], c["used"]))
+    assert len(cache.loaded) == 8 and sorted(mem["per_engine_bytes"]) == sorted(k.id for k in cache.loaded)
+    split = {"total": 17 * MiB, "allocated": 10 * MiB, "pool": 4 * MiB, "outside": 3 * MiB}
+    assert all(v == split for v in mem["per_engine_bytes"].values())
+    assert set(mem["per_engine_added_bytes"].values()) == {10 * MiB}
+    assert mem["added_bytes"] == 80 * MiB and mem["added_device_bytes"] == 8 * 17 * MiB
     assert mem["engines"] == {"flow_encoder": 3, "cfm": 3, "hift": 2}
+    res = {"device": "cpu", "torch": "t", "backend": {"name": "onnxruntime", "version": "v"}, "model": {"spec": "m"},
+           "precision": {}, "commit": "c", "date": "d", "keys": [],
+           "stream": [{"memory": {**mem, "budget_bytes": 1 << 30, "within_budget": True}}]}
+    md = to_markdown(res)
+    assert "added 80 MiB of PyTorch-allocated memory (136 MiB on the whole device)" in md
+    assert f"{cache.loaded[0].id} 17 (10 / 4 / 3)" in md
     cache.release()
 
 
