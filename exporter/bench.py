@@ -103,6 +103,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     bench_stream(model, artifact_dir, manifest, device, stream_batches, reps=max(5, reps // 2),
                  model32=eager32.model if eager32 is not None else None, rows=res["stream"], save=save)
     built = [e for e in manifest.entries if e.status == "built" and (not keys or e.id in keys)]
+    policy = get_backend(manifest.backend["name"])       # the graph policy the runtime serves with
     for e in built:
         key = entry_key(e)
         spec = SPECS[key.component]
@@ -147,7 +148,6 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         if device.type == "cuda":
             torch.cuda.empty_cache()
         # what the runtime serves for this key: the backend's own graph policy decides
-        policy = get_backend(manifest.backend["name"])
         graphed = hasattr(policy, "graphed") and policy.graphed(info, device)
         row["served_variant"] = "engine_graph" if graphed else "engine"
         served = row.get(row["served_variant"], {}).get("median_ms")

@@ -121,7 +121,7 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
             first_write = False
         if on_progress:
             on_progress(key.id, todo[key], len(todo))
-        _build_entry(model, device, profile, backend, art_dir, out_dir, key, entry)
+        _build_entry(model, device, profile, backend, art_dir, out_dir, key, entry, build_options)
         if entry.status == "built":
             result.built += 1
         else:
@@ -161,7 +161,8 @@ def new_manifest(profile: Profile, model: Code2Wav, backend, device: torch.devic
         schedule=dataclasses.asdict(profile.schedule))
 
 
-def _build_entry(model, device, profile, backend, art_dir: Path, out_dir: Path, key: ShapeKey, entry: Entry) -> None:
+def _build_entry(model, device, profile, backend, art_dir: Path, out_dir: Path, key: ShapeKey, entry: Entry,
+                 build_options: dict | None = None) -> None:
     spec = SPECS[key.component]
     path = art_dir / f"{key.id}{backend.suffix}"
     t0 = time.perf_counter()
@@ -181,7 +182,7 @@ def _build_entry(model, device, profile, backend, art_dir: Path, out_dir: Path, 
                                        "weights: the export duplicated or folded weights")
             else:
                 from exporter.backends.aoti import build_aoti
-                entry.extra = build_aoti(model, unit, key, inputs, path)
+                entry.extra = build_aoti(model, unit, key, inputs, path, build_options)
         entry.build_seconds = round(time.perf_counter() - t0, 2)
         entry.artifact = str(path.relative_to(out_dir))
         entry.artifact_bytes = path.stat().st_size

@@ -93,8 +93,11 @@ def step_inputs(cfg, key: ShapeKey, inputs: list[torch.Tensor]) -> list[torch.Te
     return [mu, spk, cond, x0, cnn[0].contiguous(), att[0].contiguous(), t, dt]
 
 
-def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.Tensor], path: Path) -> dict:
-    """Compile `unit` (or its Euler step, for the CFM) at the inputs' exact shapes into `path`."""
+def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.Tensor], path: Path,
+               overrides: dict | None = None) -> dict:
+    """Compile `unit` (or its Euler step, for the CFM) at the inputs' exact shapes into `path`.
+    `overrides`: Inductor configs added to the build (None: read C2W_AOTI_INDUCTOR); the exporter
+    passes the ones it put in the artifact's identity."""
     extra = {}
     if key.component == "cfm":
         unit = CFMStepUnit(model).eval()
@@ -107,7 +110,7 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
     # its constants inside the package. Its weights are then held per key (HiFT: ~80 MB at full
     # size), not shared; units without lifted constants share the eager model's tensors.
     lifted = [s.target for s in ep.graph_signature.input_specs if s.kind.name == "CONSTANT_TENSOR"]
-    overrides = inductor_overrides()
+    overrides = inductor_overrides() if overrides is None else overrides
     configs = {**INDUCTOR_CONFIGS, **({"aot_inductor.package_constants_in_so": True} if lifted else {}),
                **overrides}
     extra["constants_in_so"] = bool(lifted)
