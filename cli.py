@@ -47,6 +47,16 @@ def _quiet(verbose: bool) -> None:
         pass
 
 
+def _int_list(option: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+        if values and min(values) >= 1:
+            return values
+    except ValueError:
+        pass
+    raise C2WUserError(option, repr(text), "comma-separated positive integers, e.g. 1,2,4,8")
+
+
 def _parse_shard(s: str) -> tuple[int, int]:
     try:
         k, n = (int(x) for x in s.split("/"))
@@ -197,8 +207,16 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
           keys: Optional[str] = typer.Option(None, help="comma-separated key ids (default: every built key)"),
           batches: Optional[str] = typer.Option(None, help="batch sizes for the streaming rows (default: the profile's)"),
           reps: int = typer.Option(20, help="timed repetitions per measurement (after warm-up)"),
-          peer: bool = typer.Option(True, help="time the step-audio2 reference too, if importable")):
-    """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk."""
+          peer: bool = typer.Option(True, help="time the step-audio2 reference too, if importable"),
+          serve: bool = typer.Option(False, "--serve", help="concurrent streams through the stream server instead"),
+          concurrency: str = typer.Option("1,2,4,8,16,32,64", help="--serve: numbers of concurrent streams"),
+          chunk_tokens: int = typer.Option(28, help="--serve: tokens per steady chunk (28 or 78)"),
+          steady_chunks: int = typer.Option(8, help="--serve: steady chunks per stream"),
+          stagger_ms: float = typer.Option(20.0, help="--serve: mean gap between stream arrivals"),
+          arrival: str = typer.Option("fixed", help="--serve: fixed | poisson"),
+          max_wait_ms: float = typer.Option(2.0, help="--serve: longest wait of a partial batch")):
+    """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
+    with --serve, concurrent streams through the stream server."""
     from exporter.bench import bench_dir, to_markdown, write
     _quiet(False)
     if out is None:
@@ -206,6 +224,18 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
             raise C2WUserError("c2w bench", "no artifact directory and no --profile",
                                "an artifact directory or --profile NAME", "e.g. c2w bench --profile cpu")
         out = Path("artifacts") / _load(profile, None, None).name
+    if serve:
+        from exporter import serve_bench
+        if arrival not in ("fixed", "poisson"):
+            raise C2WUserError("--arrival", repr(arrival), "fixed or poisson")
+        levels = _int_list("--concurrency", concurrency)
+        res = serve_bench.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
+                                        steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
+                                        max_wait_ms=max_wait_ms, reps=reps,
+                                        save=lambda r: write(r, json_out, serve_bench.to_markdown))
+        write(res, json_out, serve_bench.to_markdown)
+        typer.echo(serve_bench.to_markdown(res))
+        return
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
                     stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer,
                     out=json_out)

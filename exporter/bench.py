@@ -452,11 +452,14 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def write(res: dict, out: Path) -> None:
-    """The JSON and its markdown table, each replaced atomically (a run killed by a time limit
-    leaves the previous complete files, never a truncated one)."""
+def write(res: dict, out: Path, render=None) -> None:
+    """The JSON and its markdown table (`render(res)`, default this module's), each replaced
+    atomically (a run killed by a time limit leaves the previous complete files, never a
+    truncated one)."""
     out = Path(out)
-    for path, text in ((out, json.dumps(res, indent=1, default=str)), (out.with_suffix(".md"), to_markdown(res) + "\n")):
+    out.parent.mkdir(parents=True, exist_ok=True)
+    md = (render or to_markdown)(res)
+    for path, text in ((out, json.dumps(res, indent=1, default=str)), (out.with_suffix(".md"), md + "\n")):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, path)

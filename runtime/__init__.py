@@ -18,17 +18,22 @@ import torch
 from runtime.cache import EngineCache
 from runtime.errors import C2WUserError
 from runtime.model.weights import Code2Wav, load_model
+from runtime.serving import StreamHandle, StreamServer
+from runtime.slots import ServerFullError
 from runtime.stream import StreamDriver, StreamState
 from runtime.units import SPECS, ShapeKey, dtype_of
 
-__all__ = ["Runtime", "load", "C2WUserError", "ShapeKey", "StreamState", "load_model"]
+__all__ = ["Runtime", "load", "C2WUserError", "ShapeKey", "StreamState", "load_model", "StreamServer",
+           "StreamHandle", "ServerFullError"]
 
 
 class Runtime:
     """An eager model, an engine cache over one artifact directory, and the streaming driver."""
 
-    def __init__(self, model: Code2Wav, cache: EngineCache, trim_conformer: bool = True, seed: int = 0):
+    def __init__(self, model: Code2Wav, cache: EngineCache, trim_conformer: bool = True, seed: int = 0,
+                 schedule: dict | None = None):
         self.model, self.cache = model, cache
+        self.schedule = dict(schedule or {})       # the profile's streaming schedule, from the manifest
         self.driver = StreamDriver(model, cache, trim_conformer=trim_conformer, seed=seed)
 
     def setup(self, prompt_tokens, prompt_mel, spk) -> StreamState:
@@ -39,6 +44,11 @@ class Runtime:
 
     def stats(self) -> dict:
         return self.cache.stats()
+
+    def serve(self, **options) -> StreamServer:
+        """A StreamServer over this runtime: many independent streams, batched by exact shape
+        (runtime/serving.py lists the options)."""
+        return StreamServer(self, **options)
 
     def release(self) -> None:
         self.cache.release()
@@ -77,4 +87,5 @@ def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: 
         lazy = torch.device(device).type != "cuda"
     if trim_conformer is None:
         trim_conformer = bool(meta.get("schedule", {}).get("trim_conformer", True))
-    return Runtime(model, EngineCache(artifact_dir, model, device, lazy=lazy), trim_conformer=trim_conformer)
+    return Runtime(model, EngineCache(artifact_dir, model, device, lazy=lazy), trim_conformer=trim_conformer,
+                   schedule=meta.get("schedule", {}))

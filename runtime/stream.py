@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from runtime.errors import C2WUserError, check_shape
@@ -34,13 +35,57 @@ class StreamState:
     hift_mel: torch.Tensor             # (B, 80, 0 or 8)
     hift_source: torch.Tensor          # (B, 1, 0 or 3840)
     hift_speech: torch.Tensor          # (B, 0 or 3840)
-    generator: torch.Generator         # HiFT excitation noise
+    generators: list                   # one torch.Generator per row: HiFT excitation noise
     chunks: int = 0
     finished: bool = False
 
     @property
     def batch(self) -> int:
         return self.spk.shape[0]
+
+
+def as_tensor(name: str, x) -> torch.Tensor:
+    """A torch tensor or a numpy array (converted without a copy where possible); anything else is
+    a user error."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x))
+    raise C2WUserError(f"'{name}'", f"a {type(x).__name__}", "a torch.Tensor or a numpy array")
+
+
+def check_tokens(cfg, name: str, tokens, batch: int | None, min_len: int) -> torch.Tensor:
+    """tokens: (B, N) integer ids in [0, vocab); returns them as a tensor."""
+    tokens = as_tensor(name, tokens)
+    if tokens.dtype not in (torch.int32, torch.int64):
+        raise C2WUserError(f"tensor '{name}'", f"dtype {tokens.dtype}", "int64 (or int32) token ids")
+    if tokens.dim() != 2 or (batch is not None and tokens.shape[0] != batch) or tokens.shape[1] < min_len:
+        raise C2WUserError(f"tensor '{name}'", f"shape {tuple(tokens.shape)}",
+                           f"(B{'=' + str(batch) if batch else ''}, N >= {min_len})")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= cfg.vocab_size:
+        raise C2WUserError(f"tensor '{name}'", f"token ids in [{lo}, {hi}]", f"ids in [0, {cfg.vocab_size - 1}]")
+    return tokens
+
+
+def check_features(name: str, x, shape: tuple) -> torch.Tensor:
+    """A float tensor (or numpy array) of exactly `shape` with only finite values."""
+    x = as_tensor(name, x)
+    check_shape(name, x, shape)
+    if not x.is_floating_point():
+        raise C2WUserError(f"tensor '{name}'", f"dtype {x.dtype}", "a floating-point dtype")
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise C2WUserError(f"tensor '{name}'", f"{bad} NaN or infinite values", "finite values only",
+                           "Check the upstream feature extraction (mel, speaker embedding).")
+    return x
+
+
+def draw_noise(generators: list, shape: tuple, device) -> torch.Tensor:
+    """(B, ...) standard normal noise, row i drawn from generators[i] alone: a stream's excitation
+    does not depend on which streams it is batched with."""
+    rows = [torch.randn((1,) + tuple(shape[1:]), generator=g, device=device) for g in generators]
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
 def trim_cache(cache: torch.Tensor, dim: int, prompt_frames: int) -> torch.Tensor:
@@ -79,17 +124,6 @@ class StreamDriver:
     def _device(self):
         return next(self.model.flow.parameters()).device
 
-    def _check_tokens(self, name: str, tokens: torch.Tensor, batch: int | None, min_len: int) -> None:
-        if tokens.dtype not in (torch.int32, torch.int64):
-            raise C2WUserError(f"tensor '{name}'", f"dtype {tokens.dtype}", "torch.int64 (or int32) token ids")
-        if tokens.dim() != 2 or (batch is not None and tokens.shape[0] != batch) or tokens.shape[1] < min_len:
-            raise C2WUserError(f"tensor '{name}'", f"shape {tuple(tokens.shape)}",
-                               f"(B{'=' + str(batch) if batch else ''}, N >= {min_len})")
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.cfg.vocab_size:
-            raise C2WUserError(f"tensor '{name}'", f"token ids in [{lo}, {hi}]",
-                               f"ids in [0, {self.cfg.vocab_size - 1}]")
-
     # ------------------------------------------------------------------ prompt setup (eager)
     @torch.inference_mode()
     def setup(self, prompt_tokens: torch.Tensor, prompt_mel: torch.Tensor, spk: torch.Tensor,
@@ -100,11 +134,11 @@ class StreamDriver:
         first 3 tokens, which is the default. Runs eagerly (once per voice).
         """
         cfg, dev = self.cfg, self._device()
-        self._check_tokens("prompt_tokens", prompt_tokens, None, 1)
+        prompt_tokens = check_tokens(cfg, "prompt_tokens", prompt_tokens, None, 1)
         B, n_tok = prompt_tokens.shape
         P = n_tok * cfg.up_rate
-        check_shape("prompt_mel", prompt_mel, (B, P, cfg.mel_bins))
-        check_shape("spk", spk, (B, cfg.spk_embed_dim))
+        prompt_mel = check_features("prompt_mel", prompt_mel, (B, P, cfg.mel_bins))
+        spk = check_features("spk", spk, (B, cfg.spk_embed_dim))
         la = prompt_tokens[:, : cfg.encoder.pre_lookahead] if lookahead is None else lookahead
         tokens = torch.cat([prompt_tokens, la], 1).to(dev, torch.int64)
         enc_dtype, cfm_dtype = self._dtype("flow_encoder"), self._dtype("cfm")
@@ -117,11 +151,11 @@ class StreamDriver:
         solver = self.model.flow.solver()
         _, est_cnn, est_att = solver(mu.float(), spk, prompt_mel.to(dev, torch.float32).transpose(1, 2),
                                      x0, est_cnn, est_att)
-        g = torch.Generator(device=dev).manual_seed(self.seed)
+        gens = [torch.Generator(device=dev).manual_seed(self.seed) for _ in range(B)]
         empty = torch.zeros(B, 0, device=dev)
         return StreamState(P, spk, ccnn.to(enc_dtype), catt.to(enc_dtype), est_cnn, est_att,
                            hift_mel=torch.zeros(B, cfg.mel_bins, 0, device=dev),
-                           hift_source=torch.zeros(B, 1, 0, device=dev), hift_speech=empty, generator=g)
+                           hift_source=torch.zeros(B, 1, 0, device=dev), hift_speech=empty, generators=gens)
 
     # ------------------------------------------------------------------ one chunk
     @torch.inference_mode()
@@ -131,7 +165,7 @@ class StreamDriver:
         starts with them), so they yield 2 (N - 3) mel frames; the last chunk yields 2 N.
 
         hift_noise: optional (B, 480 F, 9) excitation noise (tests pass the oracle's draw);
-        by default it is drawn from the state's generator.
+        by default row i is drawn from the state's generators[i].
         Returns (B, samples) float32 PCM: 480 per mel frame, less the 3840 held back for the
         cross-fade on non-final chunks (all of it on the last).
         """
@@ -140,8 +174,7 @@ class StreamDriver:
                                "a live state", "Call setup() again for a new utterance.")
         cfg, B, dev = self.cfg, state.batch, self._device()
         la = cfg.encoder.pre_lookahead
-        self._check_tokens("tokens", tokens, B, 1 if last else la + 1)
-        tokens = tokens.to(dev, torch.int64)
+        tokens = check_tokens(cfg, "tokens", tokens, B, 1 if last else la + 1).to(dev, torch.int64)
 
         # flow encoder
         C = state.conformer_att.shape[3]
@@ -174,7 +207,7 @@ class StreamDriver:
         mel = torch.cat([state.hift_mel, mel], dim=2)
         F_, S = mel.shape[2], state.hift_source.shape[2]
         if noise is None:
-            noise = torch.randn(B, F_ * spf, cfg.hift.nb_harmonics + 1, generator=state.generator, device=mel.device)
+            noise = draw_noise(state.generators, (B, F_ * spf, cfg.hift.nb_harmonics + 1), mel.device)
         inputs = [mel, noise] + ([state.hift_source] if S else [])
         speech, source = self.runner.run(self._key("hift", B, F_, S), inputs)
         if state.hift_speech.shape[1]:

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The serving benchmark on the H200, in two device calls chained while the machine is warm:
+#   1. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh export   (build h200_serve.yaml, 14 shards)
+#   2. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh bench    (c2w bench --serve, 28 and 78 tokens; determinism)
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+case "${1:-}" in
+  export)
+    PROFILE=benchmarks/serving/h200_serve.yaml SHARDS=${SHARDS:-14} EXPORT_S=${EXPORT_S:-520} BENCH_S=0 \
+      bash benchmarks/h200/run.sh ;;
+  bench)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+    timeout ${S28:-200} python3 cli.py bench /tmp/art/all --serve --concurrency ${N28:-1,2,4,8,16,32,64} \
+      --chunk-tokens 28 --steady-chunks 8 --out "$OUT/serve28.json" 2>&1 | grep -v Warning | tail -30
+    timeout ${S78:-200} python3 cli.py bench /tmp/art/all --serve --concurrency ${N78:-1,8,32,64} \
+      --chunk-tokens 78 --steady-chunks 10 --out "$OUT/serve78.json" 2>&1 | grep -v Warning | tail -30
+    timeout ${SDET:-120} python3 benchmarks/serving/determinism.py /tmp/art/all --out "$OUT/determinism.json" 2>&1 | tail -12 ;;
+  *) echo "usage: run.sh export|bench" >&2; exit 2 ;;
+esac

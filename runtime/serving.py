@@ -1,0 +1,442 @@
+"""Serve many independent streams from one runtime: exact-shape dynamic batching.
+
+    server = runtime.load("artifacts/h200").serve(max_streams=64)
+    h = server.open_stream(prompt_tokens, prompt_mel, spk)     # (P/2,), (P, 80), (192,)
+    pcm = server.submit(h, tokens).result()                   # (samples,) float32 on the CPU
+    pcm = await server.submit_async(h, tail, last=True)       # from asyncio
+    server.close(h); server.shutdown()
+
+Streams start, advance and end independently. One worker thread owns the device: it groups the
+ready chunks whose three unit keys are equal (they follow from a stream's prompt length, cache
+lengths, chunk length and last flag), runs each group as one batch through the same driver and
+engine cache as `Runtime.step`, and resolves each stream's future with its own PCM. Stream state
+lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
+
+Policies: a group runs when it fills the largest batch the artifact directory has an engine for,
+when its oldest chunk has waited `max_wait_ms`, or at once when no idle stream could still join
+it; groups are taken oldest-first (FIFO) so none starves. A group is cut into engine calls by
+`plan_batches` (pad to a built batch size with inert rows, or split). A stream's output does not
+depend on its batch: rows are independent, and each stream draws its HiFT noise from its own
+generator. A batch that raises is retried stream by stream, so only the faulty stream fails.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from collections import Counter, deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.errors import C2WUserError
+from runtime.slots import SlotPool
+from runtime.stream import as_tensor, check_features, check_tokens
+
+DEFAULT_MAX_WAIT_MS = 2.0
+
+
+def engine_cost(batch: int) -> float:
+    """Relative cost of one engine call at `batch` (a B=1 call ~ 1): GPU solves are nearly flat in
+    B at small batches (H200, CFM T=50: 14.8 / 25.1 / 50.5 ms at B = 1 / 8 / 32)."""
+    return 1.0 + batch / 16
+
+
+def eager_cost(batch: int) -> float:
+    """Relative cost of an eager call at `batch`: host-bound, so nearly flat in B (H200: ~10x a
+    B=1 engine call at B=1 and ~11x at B=32)."""
+    return 10.0 + batch / 8
+
+
+def plan_batches(n: int, built: list[int], *, engine=engine_cost, eager=eager_cost,
+                 max_eager: int | None = None) -> list[tuple[int, int]]:
+    """Cheapest way to serve n rows: a list of (batch size run, rows served). An engine call at a
+    built size s serves up to s rows (the rest are padding); an eager call serves exactly its
+    batch, at most `max_eager` rows. Minimum total cost by dynamic programming over n."""
+    max_eager = max_eager or n
+    best = [0.0] + [math.inf] * n
+    choice: list[tuple[int, int]] = [(0, 0)] * (n + 1)
+    for m in range(1, n + 1):
+        for s in built:
+            rows = min(s, m)
+            c = engine(s) + best[m - rows]
+            if c < best[m]:
+                best[m], choice[m] = c, (s, rows)
+        for rows in range(1, min(m, max_eager) + 1):
+            c = eager(rows) + best[m - rows]
+            if c < best[m]:
+                best[m], choice[m] = c, (-rows, rows)       # negative: eager
+    plan, m = [], n
+    while m:
+        s, rows = choice[m]
+        plan.append((abs(s), rows))
+        m -= rows
+    return plan
+
+
+@dataclass(eq=False)
+class _Request:
+    kind: str                              # "setup" | "chunk"
+    future: Future
+    tokens: torch.Tensor | None = None     # (N,) chunk or (P/2,) prompt tokens, int64, CPU
+    last: bool = False
+    prompt_mel: torch.Tensor | None = None
+    spk: torch.Tensor | None = None
+    t_submit: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class _Stream:
+    id: int
+    slot: int
+    prompt_frames: int
+    generator: torch.Generator
+    queue: deque = field(default_factory=deque)
+    lengths: dict = field(default_factory=dict)  # growing cache sizes (runtime.slots.LENGTH_FIELDS)
+    ready: bool = False                          # prompt set up
+    busy: bool = False                           # in the batch being run
+    last_submitted: bool = False
+    finished: bool = False
+    closed: bool = False
+    error: BaseException | None = None
+    chunks: int = 0
+    released: Future = field(default_factory=Future)    # resolves when the slot is free again
+
+    def state_signature(self) -> tuple:
+        return (self.prompt_frames,) + tuple(sorted(self.lengths.items()))
+
+
+@dataclass(frozen=True)
+class StreamHandle:
+    """What `open_stream` returns; pass it to submit/close. `ready` resolves when the prompt is set up."""
+    id: int
+    ready: Future = field(compare=False, repr=False)
+    _stream: _Stream = field(compare=False, repr=False, default=None)
+
+
+class StreamServer:
+    """Dynamic batching of independent streams over one Runtime (see the module docstring).
+
+    max_streams: slots preallocated on the device; `open_stream` beyond them raises
+    ServerFullError. max_prompt_frames: the longest prompt (mel frames) a stream may have; the
+    pools hold caches of that plus the 100 frames kept after trimming. max_wait_ms: how long a
+    partial batch may wait for more streams. max_batch: the largest batch for groups with no
+    engine (default: the largest batch size the artifact directory has engines for, or 8).
+    """
+
+    def __init__(self, runtime, *, max_streams: int = 64, max_prompt_frames: int | None = None,
+                 max_wait_ms: float = DEFAULT_MAX_WAIT_MS, max_batch: int | None = None, seed: int = 0):
+        driver = runtime.driver
+        if not driver.trim_conformer:
+            raise C2WUserError("stream server", "a runtime that does not trim the conformer cache",
+                               "trim_conformer=True", "Its cache would grow without bound; load with trim_conformer=True.")
+        self.runtime, self.driver, self.cache = runtime, driver, runtime.cache
+        cfg = driver.cfg
+        self.max_prompt_frames = int(max_prompt_frames or runtime.schedule.get("prompt_frames", 300))
+        self.max_wait = max_wait_ms / 1000.0
+        built = [k.dims[0] for k in self.cache.keys]
+        self.max_batch = max_batch or max(built, default=8)
+        self.seed = seed
+        self.device = driver._device()
+        with torch.inference_mode():
+            n = cfg.encoder.pre_lookahead + 1                     # the shortest prompt setup takes
+            template = driver.setup(torch.zeros(1, n, dtype=torch.int64), torch.zeros(1, n * cfg.up_rate, cfg.mel_bins),
+                                    torch.zeros(1, cfg.spk_embed_dim))
+            self.pool = SlotPool(template, max_streams, self.max_prompt_frames, cfg.hift_mel_cache,
+                                 cfg.hift_source_cache)
+        self._streams: dict[int, _Stream] = {}
+        self._ids = itertools.count()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._counts = Counter()
+        self._calls = Counter()            # (kind, batch size) -> calls
+        self._worker = threading.Thread(target=self._loop, name="c2w-stream-server", daemon=True)
+        self._worker.start()
+
+    # ------------------------------------------------------------------ client API (any thread)
+    def open_stream(self, prompt_tokens, prompt_mel, spk, *, seed: int | None = None) -> StreamHandle:
+        """prompt_tokens: (P/2,) or (1, P/2) ids; prompt_mel: (P, 80) or (1, P, 80); spk: (192,)
+        or (1, 192). The prompt is set up by the worker (batched with other new streams);
+        chunks may be submitted at once and run after it. Raises C2WUserError on bad input and
+        ServerFullError when every slot is taken."""
+        cfg = self.driver.cfg
+        tokens = check_tokens(cfg, "prompt_tokens", _row("prompt_tokens", prompt_tokens), 1, 1)
+        P = tokens.shape[1] * cfg.up_rate
+        if P > self.max_prompt_frames:
+            raise C2WUserError("prompt", f"{P} mel frames", f"at most max_prompt_frames={self.max_prompt_frames}",
+                               "Start the server with a larger max_prompt_frames.")
+        mel = check_features("prompt_mel", _row("prompt_mel", prompt_mel), (1, P, cfg.mel_bins)).float()
+        spk = check_features("spk", _row("spk", spk), (1, cfg.spk_embed_dim)).float()
+        fut: Future = Future()
+        with self._cv:
+            self._check_running()
+            slot = self.pool.acquire()
+            gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
+            s = _Stream(next(self._ids), slot, P, gen)
+            s.queue.append(_Request("setup", fut, tokens[0].to(torch.int64), prompt_mel=mel, spk=spk))
+            self._streams[s.id] = s
+            self._cv.notify_all()
+        return StreamHandle(s.id, fut, s)
+
+    def submit(self, handle: StreamHandle, tokens, last: bool = False) -> Future:
+        """A future of this chunk's PCM: (samples,) float32 on the CPU. tokens: (N,) or (1, N) ids;
+        a non-final chunk ends with the 3 lookahead tokens. Bad input fails this future only."""
+        return self.submit_many([(handle, tokens, last)])[0]
+
+    def submit_many(self, chunks) -> list[Future]:
+        """Submit [(handle, tokens, last), ...] at once (e.g. one LLM decoding step for many
+        streams): they are queued together, so they can share a batch."""
+        futures, requests = [], []
+        for handle, tokens, last in chunks:
+            fut: Future = Future()
+            futures.append(fut)
+            try:
+                la = self.driver.cfg.encoder.pre_lookahead
+                tok = check_tokens(self.driver.cfg, "tokens", _row("tokens", tokens), 1, 1 if last else la + 1)
+                requests.append((handle, _Request("chunk", fut, tok[0].to(torch.int64), bool(last))))
+            except C2WUserError as e:
+                fut.set_exception(e)
+        with self._cv:
+            for handle, req in requests:
+                s = handle._stream
+                why = self._refuse(s)
+                if why:
+                    req.future.set_exception(why)
+                    continue
+                s.last_submitted = req.last
+                s.queue.append(req)
+            self._cv.notify_all()
+        return futures
+
+    async def submit_async(self, handle: StreamHandle, tokens, last: bool = False) -> torch.Tensor:
+        return await asyncio.wrap_future(self.submit(handle, tokens, last))
+
+    def close(self, handle: StreamHandle) -> Future:
+        """End a stream now: its queued chunks are cancelled and its slot is freed (after the batch
+        it is in, if any). Returns a future that resolves once the slot is free. Closing a
+        finished or closed stream does nothing."""
+        with self._cv:
+            s = self._streams.get(handle.id)
+            if s is None:
+                done: Future = Future()
+                done.set_result(None)
+                return done
+            s.closed = True
+            while s.queue:
+                s.queue.popleft().future.cancel()
+            if not s.busy:
+                self._retire(s)
+            self._cv.notify_all()
+        return s.released
+
+    def stats(self) -> dict:
+        """Counters since start, the slot pool, and the engine cache's hits/misses per key."""
+        with self._cv:
+            return {"open_streams": self.pool.in_use, "max_streams": self.pool.capacity,
+                    "pool_bytes": self.pool.nbytes, **dict(self._counts),
+                    "calls": {f"{kind} B={b}": n for (kind, b), n in sorted(self._calls.items())},
+                    "units": self.cache.stats()}
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the worker; queued chunks are cancelled. The runtime stays usable."""
+        with self._cv:
+            self._stopping = True
+            for s in self._streams.values():
+                while s.queue:
+                    s.queue.popleft().future.cancel()
+            self._cv.notify_all()
+        if wait:
+            self._worker.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    # ------------------------------------------------------------------ bookkeeping (under the lock)
+    def _check_running(self) -> None:
+        if self._stopping:
+            raise C2WUserError("stream server", "a call after shutdown()", "a running server")
+
+    def _refuse(self, s: _Stream) -> C2WUserError | None:
+        if self._stopping:
+            return C2WUserError("stream server", "a chunk after shutdown()", "a running server")
+        if s.error is not None:
+            return C2WUserError(f"stream {s.id}", f"a chunk after the stream failed ({s.error})",
+                                "a healthy stream", "Close it and open a new one.")
+        if s.closed:
+            return C2WUserError(f"stream {s.id}", "a chunk for a closed stream", "an open stream",
+                                "Open a new stream for a new utterance.")
+        if s.last_submitted or self._streams.get(s.id) is not s:
+            return C2WUserError(f"stream {s.id}", "a chunk after the chunk marked last=True",
+                                "no more chunks", "Open a new stream for a new utterance.")
+        return None
+
+    def _retire(self, s: _Stream) -> None:
+        if self._streams.pop(s.id, None) is not None:
+            self.pool.release(s.slot)
+            s.released.set_result(None)
+
+    def _signature(self, s: _Stream, r: _Request) -> tuple:
+        if r.kind == "setup":
+            return ("setup", r.tokens.shape[0])
+        return ("chunk", r.tokens.shape[0], r.last) + s.state_signature()
+
+    def _built_sizes(self, s: _Stream, r: _Request) -> list[int]:
+        """Batch sizes with a CFM engine for this chunk's exact (T, L)."""
+        cfg = self.driver.cfg
+        la = cfg.encoder.pre_lookahead
+        T = cfg.up_rate * (r.tokens.shape[0] - (0 if r.last else la))
+        L = s.lengths["estimator_att"]
+        return sorted({k.dims[0] for k in self.cache.keys if k.component == "cfm" and k.dims[1:] == (T, L)})
+
+    def _may_grow(self, sig: tuple, rows: list) -> bool:
+        """Could an idle stream still submit a chunk that joins this group?"""
+        if sig[0] == "setup":
+            return False
+        members = {id(s) for s, _ in rows}
+        state = sig[3:]
+        return any(not s.busy and not s.queue and s.ready and not s.last_submitted and not s.closed
+                   and s.error is None and id(s) not in members and s.state_signature() == state
+                   for s in self._streams.values())
+
+    def _next_batch(self, now: float):
+        """(rows, built sizes) of the group to run now, or (None, seconds to wait)."""
+        groups: dict[tuple, list] = {}
+        for s in list(self._streams.values()):
+            while s.queue and s.queue[0].future.cancelled():
+                if s.queue.popleft().kind == "setup":          # a stream never set up cannot go on
+                    s.closed = True
+            if s.closed and not s.busy:
+                self._retire(s)
+                continue
+            if s.busy or not s.queue or s.error is not None:
+                continue
+            r = s.queue[0]
+            if r.kind == "chunk" and not s.ready:
+                continue
+            groups.setdefault(self._signature(s, r), []).append((s, r))
+        timeout = None
+        for sig, rows in sorted(groups.items(), key=lambda kv: min(r.t_submit for _, r in kv[1])):
+            rows.sort(key=lambda sr: sr[1].t_submit)
+            built = [] if sig[0] == "setup" else self._built_sizes(*rows[0])
+            target = max(built, default=self.max_batch)
+            waited = now - rows[0][1].t_submit
+            if len(rows) >= target or waited >= self.max_wait or not self._may_grow(sig, rows):
+                return rows[:target], built
+            left = self.max_wait - waited
+            timeout = left if timeout is None else min(timeout, left)
+        return None, timeout
+
+    # ------------------------------------------------------------------ the worker
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                rows = None
+                while rows is None:
+                    if self._stopping:
+                        return
+                    rows, built_or_wait = self._next_batch(time.monotonic())
+                    if rows is None:
+                        self._cv.wait(built_or_wait)
+                built, taken = built_or_wait, []
+                for s, r in rows:
+                    s.queue.popleft()
+                    if r.future.set_running_or_notify_cancel():
+                        s.busy = True
+                        taken.append((s, r))
+                    elif r.kind == "setup":
+                        s.closed = True
+            outcomes: list[tuple[Future, object]] = []
+            try:
+                with torch.inference_mode():
+                    if taken and taken[0][1].kind == "setup":
+                        self._guarded(taken, self._setup, outcomes)
+                    elif taken:
+                        for size, n in plan_batches(len(taken), built, max_eager=self.max_batch):
+                            part, taken = taken[:n], taken[n:]
+                            self._guarded(part, lambda p, size=size: self._chunk(p, size, size in built), outcomes)
+            finally:
+                with self._cv:                 # slots are free before any caller sees its result
+                    for s, _ in rows:
+                        s.busy = False
+                        if s.closed or s.finished or s.error is not None:
+                            self._retire(s)
+                    self._cv.notify_all()
+                for fut, value in outcomes:
+                    if isinstance(value, BaseException):
+                        fut.set_exception(value)
+                    else:
+                        fut.set_result(value)
+
+    def _guarded(self, part: list, run, outcomes: list) -> None:
+        """Run a batch; if it raises, run its streams one by one so that only a faulty one fails.
+        Appends (future, result or exception) to `outcomes`."""
+        gen_states = [s.generator.get_state() for s, _ in part]
+        try:
+            outcomes.extend(run(part))
+            return
+        except Exception as exc:                      # noqa: BLE001 - isolated per stream below
+            for (s, _), st in zip(part, gen_states):
+                s.generator.set_state(st)
+            if len(part) == 1:
+                return self._fail(part[0], exc, outcomes)
+        with self._cv:
+            self._counts["retried_batches"] += 1
+        for row in part:
+            self._guarded([row], run, outcomes)
+
+    def _fail(self, row, exc: BaseException, outcomes: list) -> None:
+        s, r = row
+        with self._cv:
+            self._counts["failed_chunks"] += 1
+            s.error = exc
+            outcomes.append((r.future, exc))
+            later = C2WUserError(f"stream {s.id}", f"a chunk queued after the stream failed ({exc})",
+                                 "a healthy stream", "Close it and open a new one.")
+            outcomes.extend((q.future, later) for q in s.queue)
+            s.queue.clear()
+
+    def _setup(self, part: list) -> list:
+        tokens = torch.stack([r.tokens for _, r in part])
+        mel = torch.cat([r.prompt_mel for _, r in part])
+        spk = torch.cat([r.spk for _, r in part])
+        state = self.driver.setup(tokens, mel, spk)
+        lengths = self.pool.scatter([s.slot for s, _ in part], state)
+        with self._cv:
+            self._calls[("setup", len(part))] += 1
+        for s, _ in part:
+            s.lengths, s.ready = lengths, True
+        return [(r.future, StreamHandle(s.id, r.future, s)) for s, r in part]
+
+    def _chunk(self, part: list, size: int, engine: bool) -> list:
+        """Run `part` (equal signatures) as one batch of `size` rows, padding with copies of the
+        first row whose results are dropped (their noise comes from throwaway generators)."""
+        n, (s0, r0) = len(part), part[0]
+        pad = max(size - n, 0)
+        slots = [s.slot for s, _ in part] + [s0.slot] * pad
+        gens = [s.generator for s, _ in part] + [torch.Generator(device=self.device) for _ in range(pad)]
+        tokens = torch.stack([r.tokens for _, r in part] + [r0.tokens] * pad)
+        state = self.pool.gather(slots, s0.lengths, s0.prompt_frames, gens)
+        pcm = self.driver.step(state, tokens, last=r0.last)
+        lengths = self.pool.scatter(slots[:n], state)
+        pcm = pcm[:n].float().cpu()
+        with self._cv:
+            self._calls[("engine" if engine else "eager", size)] += 1
+            self._counts["chunks"] += n
+            self._counts["padded_rows"] += pad
+        for s, r in part:
+            s.lengths = lengths
+            s.chunks += 1
+            s.finished = r.last
+        return [(r.future, pcm[i]) for i, (_, r) in enumerate(part)]
+
+
+def _row(name: str, x) -> torch.Tensor:
+    """One stream's tensor, given with or without its leading batch axis of 1."""
+    t = as_tensor(name, x)
+    return t if t.dim() >= 2 and t.shape[0] == 1 else t.unsqueeze(0)

@@ -1,0 +1,153 @@
+"""Resident stream state: every open stream's caches live in one slot of preallocated pools.
+
+A `SlotPool` holds, for `capacity` streams, each tensor a `StreamState` carries between chunks,
+with the batch axis replaced by the slot axis and every growing axis (cache frames) sized to its
+largest length. Serving a batch of streams is then
+
+    state = pool.gather(slots, lengths)   # one copy per field into an exact-shape StreamState
+    driver.step(state, tokens)            # engines / eager, as for any batch
+    pool.scatter(slots, state)            # one copy per field back into the streams' slots
+
+so nothing of stream-cache size is allocated per stream, a full server fails at `acquire()` with
+a clear error rather than out of memory, and a slot is reused as soon as its stream closes.
+The estimator caches stack the CFG halves on their batch axis ([conditional rows | unconditional
+rows], runtime.model.dit); their pools keep the halves on an axis of their own, so a gather of
+any set of slots is one `index_select` and the result reshapes to the 2B layout without a copy.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from runtime.errors import C2WUserError
+from runtime.stream import KEEP_RECENT, StreamState
+
+
+@dataclass(frozen=True)
+class Field:
+    """How one StreamState tensor maps onto a pool."""
+    name: str
+    batch_dim: int             # the B (or 2B) axis in the StreamState tensor
+    halves: bool               # the batch axis is 2B: [conditional | unconditional]
+    length_dim: int | None     # the axis whose size varies per stream (cache frames), if any
+
+
+FIELDS = (
+    Field("spk", 0, False, None),
+    Field("conformer_cnn", 0, False, None),
+    Field("conformer_att", 1, False, 3),
+    Field("estimator_cnn", 2, True, None),
+    Field("estimator_att", 2, True, 4),
+    Field("hift_mel", 0, False, 2),
+    Field("hift_source", 0, False, 2),
+    Field("hift_speech", 0, False, 1),
+)
+LENGTH_FIELDS = tuple(f.name for f in FIELDS if f.length_dim is not None)
+
+
+class ServerFullError(C2WUserError):
+    """Every slot is taken: the caller should retry later or close streams (backpressure)."""
+
+
+def _pool_dim(f: Field, dim: int) -> int:
+    """Axis `dim` of a StreamState tensor, in the pool's layout (halves add an axis before B)."""
+    return dim + 1 if f.halves and dim >= f.batch_dim else dim
+
+
+class SlotPool:
+    """Preallocated device tensors for `capacity` streams whose prompts are at most
+    `max_prompt_frames` mel frames, shaped after `template` (a B=1 StreamState from setup)."""
+
+    def __init__(self, template: StreamState, capacity: int, max_prompt_frames: int,
+                 hift_mel_frames: int, hift_source_samples: int):
+        if capacity < 1:
+            raise C2WUserError("max_streams", capacity, "at least 1")
+        self.capacity = capacity
+        limits = {"conformer_att": max_prompt_frames + KEEP_RECENT,
+                  "estimator_att": max_prompt_frames + KEEP_RECENT,
+                  "hift_mel": hift_mel_frames, "hift_source": hift_source_samples,
+                  "hift_speech": hift_source_samples}
+        self.pools: dict[str, torch.Tensor] = {}
+        for f in FIELDS:
+            t = getattr(template, f.name)
+            shape = list(t.shape)
+            if f.length_dim is not None:
+                shape[f.length_dim] = limits[f.name]
+            if f.halves:
+                shape[f.batch_dim:f.batch_dim + 1] = [2, capacity]
+            else:
+                shape[f.batch_dim] = capacity
+            self.pools[f.name] = torch.zeros(shape, dtype=t.dtype, device=t.device)
+        self.limits = limits
+        self._free = list(range(capacity - 1, -1, -1))
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.pools.values())
+
+    @property
+    def in_use(self) -> int:
+        return self.capacity - len(self._free)
+
+    def acquire(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise ServerFullError("stream server", f"{self.capacity} open streams",
+                                      f"at most max_streams={self.capacity}",
+                                      "Close finished streams, retry later, or start the server with more max_streams.")
+            return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            if slot not in self._free:
+                self._free.append(slot)
+
+    @torch.inference_mode()
+    def gather(self, slots: list[int], lengths: dict[str, int], prompt_frames: int,
+               generators: list) -> StreamState:
+        """An exact-shape StreamState for streams in `slots` (a slot may repeat: padding rows),
+        `lengths`: the current size of each growing field (equal for every stream in a batch)."""
+        dev = self.pools["spk"].device
+        idx = torch.tensor(slots, dtype=torch.long, device=dev)
+        out = {}
+        for f in FIELDS:
+            pool = self.pools[f.name]
+            if f.length_dim is not None:
+                pool = pool.narrow(_pool_dim(f, f.length_dim), 0, lengths[f.name])
+            t = pool.index_select(_pool_dim(f, f.batch_dim), idx)
+            if f.halves:
+                t = t.flatten(f.batch_dim, f.batch_dim + 1)           # (.., 2, B, ..) -> (.., 2B, ..)
+            out[f.name] = t
+        return StreamState(prompt_frames=prompt_frames, generators=list(generators), **out)
+
+    @torch.inference_mode()
+    def scatter(self, slots: list[int], state: StreamState) -> dict[str, int]:
+        """Write the first len(slots) rows of `state` back into `slots`; returns the new lengths.
+        Rows beyond len(slots) (padding) are dropped. Every length is checked before anything is
+        written, so a refused state leaves the slots as they were."""
+        dev = self.pools["spk"].device
+        n = len(slots)
+        idx = torch.tensor(slots, dtype=torch.long, device=dev)
+        writes, lengths = [], {}
+        for f in FIELDS:
+            t = getattr(state, f.name)
+            if f.halves:
+                t = t.unflatten(f.batch_dim, (2, t.shape[f.batch_dim] // 2))
+            t = t.narrow(_pool_dim(f, f.batch_dim), 0, n)
+            pool = self.pools[f.name]
+            if f.length_dim is not None:
+                d = _pool_dim(f, f.length_dim)
+                size = t.shape[d]
+                if size > self.limits[f.name]:
+                    raise C2WUserError(f"stream cache '{f.name}'", f"{size} frames",
+                                       f"at most {self.limits[f.name]} (the server's max_prompt_frames + "
+                                       f"{KEEP_RECENT})", "Serve streams whose caches are trimmed.")
+                pool = pool.narrow(d, 0, size)
+                lengths[f.name] = size
+            writes.append((pool, _pool_dim(f, f.batch_dim), t))
+        for pool, dim, t in writes:
+            pool.index_copy_(dim, idx, t)
+        return lengths
