@@ -6,18 +6,22 @@
     pcm = await server.submit_async(h, tail, last=True)       # from asyncio
     server.close(h); server.shutdown()
 
-Streams start, advance and end independently. One worker thread owns the device: it groups the
+Streams start, advance and end independently. A worker thread owns the chunks: it groups the
 ready chunks whose three unit keys are equal (they follow from a stream's prompt length, cache
 lengths, chunk length and last flag), runs each group as one batch through the same driver and
-engine cache as `Runtime.step`, and resolves each stream's future with its own PCM. Stream state
-lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
+engine cache as `Runtime.step`, and resolves each stream's future with its own PCM. A second
+worker sets up new streams' prompts (eager, batched), so a new stream never holds up the others.
+Stream state lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
 
-Policies: a group runs when it fills the largest batch the artifact directory has an engine for,
-when its oldest chunk has waited `max_wait_ms`, or at once when no idle stream could still join
-it; groups are taken oldest-first (FIFO) so none starves. A group is cut into engine calls by
-`plan_batches` (pad to a built batch size with inert rows, or split). A stream's output does not
-depend on its batch: rows are independent, and each stream draws its HiFT noise from its own
-generator. A batch that raises is retried stream by stream, so only the faulty stream fails.
+Policies: groups are taken oldest-first (FIFO), so none starves. A group runs at once when it
+fills the largest batch the artifact directory has an engine for; a partial group waits only for
+streams that could join it: idle streams at the same position whose last result came less than
+`max_wait_ms` ago (in lockstep serving they are about to submit again), or any idle stream at the
+same position while its oldest chunk is younger than `max_wait_ms`. A lone stream never waits. A
+group is cut into engine calls by `plan_batches` (pad to a built batch size with inert rows, or
+split). A stream's output does not depend on its batch beyond rounding: rows are independent,
+and each stream draws its HiFT noise from its own generator. A batch that raises is retried
+stream by stream, so only the faulty stream fails.
 """
 from __future__ import annotations
 
@@ -103,6 +107,7 @@ class _Stream:
     closed: bool = False
     error: BaseException | None = None
     chunks: int = 0
+    idle_since: float = 0.0                      # when its last result was delivered
     released: Future = field(default_factory=Future)    # resolves when the slot is free again
 
     def state_signature(self) -> tuple:
@@ -123,7 +128,7 @@ class StreamServer:
     max_streams: slots preallocated on the device; `open_stream` beyond them raises
     ServerFullError. max_prompt_frames: the longest prompt (mel frames) a stream may have; the
     pools hold caches of that plus the 100 frames kept after trimming. max_wait_ms: how long a
-    partial batch may wait for more streams. max_batch: the largest batch for groups with no
+    partial batch may wait for streams that could join it (see the module docstring). max_batch: the largest batch for groups with no
     engine (default: the largest batch size the artifact directory has engines for, or 8).
     """
 
@@ -153,8 +158,12 @@ class StreamServer:
         self._stopping = False
         self._counts = Counter()
         self._calls = Counter()            # (kind, batch size) -> calls
-        self._worker = threading.Thread(target=self._loop, name="c2w-stream-server", daemon=True)
-        self._worker.start()
+        # Two lanes: chunks, and prompt set-ups (eager, ~10x a chunk on the GPU) so that a new
+        # stream's set-up never holds up the chunks of the streams already playing.
+        self._workers = [threading.Thread(target=self._loop, args=(lane,), name=f"c2w-serve-{lane}", daemon=True)
+                         for lane in ("chunk", "setup")]
+        for w in self._workers:
+            w.start()
 
     # ------------------------------------------------------------------ client API (any thread)
     def open_stream(self, prompt_tokens, prompt_mel, spk, *, seed: int | None = None) -> StreamHandle:
@@ -249,7 +258,8 @@ class StreamServer:
                     s.queue.popleft().future.cancel()
             self._cv.notify_all()
         if wait:
-            self._worker.join()
+            for w in self._workers:
+                w.join()
 
     def __enter__(self):
         return self
@@ -294,18 +304,24 @@ class StreamServer:
         L = s.lengths["estimator_att"]
         return sorted({k.dims[0] for k in self.cache.keys if k.component == "cfm" and k.dims[1:] == (T, L)})
 
-    def _may_grow(self, sig: tuple, rows: list) -> bool:
-        """Could an idle stream still submit a chunk that joins this group?"""
-        if sig[0] == "setup":
-            return False
+    def _wait_for_company(self, sig: tuple, rows: list, now: float) -> float:
+        """Seconds worth waiting before running a partial group: until the idle streams at the
+        same position whose last result came less than max_wait ago (they are about to submit
+        again) are past that window, and, while the group's oldest chunk is younger than
+        max_wait, for any idle stream at the same position. 0: run now."""
         members = {id(s) for s, _ in rows}
         state = sig[3:]
-        return any(not s.busy and not s.queue and s.ready and not s.last_submitted and not s.closed
-                   and s.error is None and id(s) not in members and s.state_signature() == state
-                   for s in self._streams.values())
+        idle = [s for s in self._streams.values()
+                if id(s) not in members and not s.busy and not s.queue and s.ready and not s.last_submitted
+                and not s.closed and s.error is None and s.state_signature() == state]
+        if not idle:
+            return 0.0
+        fresh = max(s.idle_since for s in idle) + self.max_wait
+        young = rows[0][1].t_submit + self.max_wait
+        return max(fresh, young) - now
 
-    def _next_batch(self, now: float):
-        """(rows, built sizes) of the group to run now, or (None, seconds to wait)."""
+    def _next_batch(self, lane: str, now: float):
+        """(rows, built sizes) of the `lane` group to run now, or (None, seconds to wait)."""
         groups: dict[tuple, list] = {}
         for s in list(self._streams.values()):
             while s.queue and s.queue[0].future.cancelled():
@@ -314,33 +330,32 @@ class StreamServer:
             if s.closed and not s.busy:
                 self._retire(s)
                 continue
-            if s.busy or not s.queue or s.error is not None:
+            if s.busy or not s.queue or s.error is not None or s.queue[0].kind != lane:
                 continue
             r = s.queue[0]
-            if r.kind == "chunk" and not s.ready:
-                continue
             groups.setdefault(self._signature(s, r), []).append((s, r))
         timeout = None
         for sig, rows in sorted(groups.items(), key=lambda kv: min(r.t_submit for _, r in kv[1])):
             rows.sort(key=lambda sr: sr[1].t_submit)
-            built = [] if sig[0] == "setup" else self._built_sizes(*rows[0])
+            if lane == "setup":
+                return rows[:self.max_batch], []
+            built = self._built_sizes(*rows[0])
             target = max(built, default=self.max_batch)
-            waited = now - rows[0][1].t_submit
-            if len(rows) >= target or waited >= self.max_wait or not self._may_grow(sig, rows):
+            wait = 0.0 if len(rows) >= target else self._wait_for_company(sig, rows, now)
+            if wait <= 0:
                 return rows[:target], built
-            left = self.max_wait - waited
-            timeout = left if timeout is None else min(timeout, left)
+            timeout = wait if timeout is None else min(timeout, wait)
         return None, timeout
 
     # ------------------------------------------------------------------ the worker
-    def _loop(self) -> None:
+    def _loop(self, lane: str) -> None:
         while True:
             with self._cv:
                 rows = None
                 while rows is None:
                     if self._stopping:
                         return
-                    rows, built_or_wait = self._next_batch(time.monotonic())
+                    rows, built_or_wait = self._next_batch(lane, time.monotonic())
                     if rows is None:
                         self._cv.wait(built_or_wait)
                 built, taken = built_or_wait, []
@@ -362,8 +377,9 @@ class StreamServer:
                             self._guarded(part, lambda p, size=size: self._chunk(p, size, size in built), outcomes)
             finally:
                 with self._cv:                 # slots are free before any caller sees its result
+                    now = time.monotonic()
                     for s, _ in rows:
-                        s.busy = False
+                        s.busy, s.idle_since = False, now
                         if s.closed or s.finished or s.error is not None:
                             self._retire(s)
                     self._cv.notify_all()

@@ -83,6 +83,18 @@ class SlotPool:
         self.limits = limits
         self._free = list(range(capacity - 1, -1, -1))
         self._lock = threading.Lock()
+        self._indices: dict[tuple, torch.Tensor] = {}     # slot lists on the device, reused
+
+    def _index(self, slots: list[int]) -> torch.Tensor:
+        """The slot list as a device tensor; cached, since steady serving repeats the same lists
+        and each new one is a host-to-device copy that waits for the device."""
+        key = tuple(slots)
+        idx = self._indices.get(key)
+        if idx is None:
+            if len(self._indices) >= 4096:
+                self._indices.clear()
+            idx = self._indices[key] = torch.tensor(slots, dtype=torch.long, device=self.pools["spk"].device)
+        return idx
 
     @property
     def nbytes(self) -> int:
@@ -110,8 +122,7 @@ class SlotPool:
                generators: list) -> StreamState:
         """An exact-shape StreamState for streams in `slots` (a slot may repeat: padding rows),
         `lengths`: the current size of each growing field (equal for every stream in a batch)."""
-        dev = self.pools["spk"].device
-        idx = torch.tensor(slots, dtype=torch.long, device=dev)
+        idx = self._index(slots)
         out = {}
         for f in FIELDS:
             pool = self.pools[f.name]
@@ -128,9 +139,8 @@ class SlotPool:
         """Write the first len(slots) rows of `state` back into `slots`; returns the new lengths.
         Rows beyond len(slots) (padding) are dropped. Every length is checked before anything is
         written, so a refused state leaves the slots as they were."""
-        dev = self.pools["spk"].device
         n = len(slots)
-        idx = torch.tensor(slots, dtype=torch.long, device=dev)
+        idx = self._index(slots)
         writes, lengths = [], {}
         for f in FIELDS:
             t = getattr(state, f.name)

@@ -18,7 +18,8 @@ import threading
 import torch
 
 import runtime
-from runtime.units import SPECS, rel_l2
+from runtime.model.weights import load_model
+from runtime.units import SPECS, EagerRunner, rel_l2
 
 
 class Recorder:
@@ -44,7 +45,7 @@ def inputs(cfg, P: int, seed: int, chunks: int = 5):
 
 
 def sequential(rt, ins):
-    rec = Recorder(rt.cache, ins[2])
+    rec = Recorder(rt.driver.runner, ins[2])
     drv = dataclasses.replace(rt.driver, runner=rec, _window={})
     st = drv.setup(*ins[:3])
     pcm = [drv.step(st, t)[0].float().cpu() for t in ins[3]]
@@ -110,6 +111,16 @@ def main() -> None:
         x = SPECS["hift"].example_inputs(cfg, key, device=rt.driver._device())
         a, b = (rt.cache.run(key, x)[0].float().cpu() for _ in range(2))
         rows[f"{key.id} twice"] = {"pcm_max": rel_l2(a, b), "mel_max": None}
+        torch.backends.cudnn.deterministic = True          # deterministic cuDNN algorithms only
+        a, b = (rt.cache.run(key, x)[0].float().cpu() for _ in range(2))
+        torch.backends.cudnn.deterministic = False
+        rows[f"{key.id} twice, cudnn.deterministic"] = {"pcm_max": rel_l2(a, b), "mel_max": None}
+    # fidelity: the session alone and batched, each against the float32 model run eagerly
+    m32 = load_model(rt.model.source)
+    m32.to(rt.driver._device(), {c: torch.float32 for c in SPECS})
+    fp32 = sequential(runtime.Runtime(m32, EagerRunner(m32)), ins)
+    for name, got in (("alone vs float32 eager", ref), ("batched with 7 vs float32 eager", batched[:2])):
+        rows[name] = compare(fp32, got)
     print(f"{'mode':34s} {'mel max rel-L2':>15s} {'PCM max rel-L2':>15s}")
     for name, r in rows.items():
         mel = "-" if r["mel_max"] is None else f"{r['mel_max']:.1e}"
