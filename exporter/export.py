@@ -20,7 +20,7 @@ from exporter.plan import Plan, make_plan, precision_weights
 from exporter.profile import Profile
 from runtime.engines import get_backend
 from runtime.errors import C2WUserError
-from runtime.manifest import (Entry, Manifest, entry_identity, file_sha256, read_manifest, write_manifest)
+from runtime.manifest import (Entry, ForeignManifestError, Manifest, entry_identity, file_sha256, read_manifest, write_manifest)
 from runtime.model.weights import Code2Wav, load_model
 from runtime.units import SPECS, ShapeKey, dtype_of
 from runtime.verify import check_entry, device_name, unit_weights, weights_layout
@@ -85,9 +85,9 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
         return result
     previous = {}
     if (out_dir / "manifest.json").is_file():
-        try:
+        try:        # an unreadable manifest is an error: it may not be c2w's directory at all
             previous = read_manifest(out_dir).by_id()
-        except C2WUserError as e:
+        except ForeignManifestError as e:
             log.warning("ignoring the existing manifest: %s", e)
     art_dir = out_dir / profile.backend
     art_dir.mkdir(parents=True, exist_ok=True)

@@ -204,3 +204,15 @@ def test_bundled_profile_resolves_by_bare_name_and_tensorrt_fails_fast(tmp_path)
     assert "tensorrt" in result.output and "pip install" in " ".join(result.output.split())
     result = runner.invoke(app, ["plan", "--profile", "nope"])
     assert result.exit_code == 2 and "bundled names" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe not utf-8 \x80", b"[1, 2]", b'{"format_version": 1}'])
+def test_unreadable_manifest_is_one_line_and_exit_2_in_every_command(tmp_path, data):
+    (tmp_path / "manifest.json").write_bytes(data)
+    for args in (["report", str(tmp_path)], ["verify", str(tmp_path)],
+                 ["export", "--profile", "cpu", "--out", str(tmp_path)]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit), args
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and "manifest.json" in lines[0], (args, result.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]     # export wrote nothing
