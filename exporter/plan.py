@@ -85,15 +85,18 @@ def estimate_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
     return 2 * sum(sizes) + max(sizes)
 
 
-def weight_bytes(model) -> dict[str, int]:
+def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
+    """Bytes of each component's weights, counted once. dtypes: component -> dtype name of its
+    floating-point tensors (default: as they are now)."""
     out = {}
     for comp, mods in model.component_modules().items():
+        size = DTYPES[dtypes[comp]].itemsize if dtypes else None
         seen, n = set(), 0
         for m in mods:
             for t in list(m.parameters()) + list(m.buffers()):
                 if id(t) not in seen:
                     seen.add(id(t))
-                    n += t.numel() * t.element_size()
+                    n += t.numel() * (size if size and t.is_floating_point() else t.element_size())
         out[comp] = n
     return out
 
@@ -125,9 +128,9 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
 
 
 def precision_weights(model, profile) -> dict[str, int]:
-    """Weight bytes per component at the profile's dtypes (the eager model is fp32 on CPU)."""
-    w32 = weight_bytes(model)
-    return {c: w32[c] * DTYPES[profile.precision.dtype(c)].itemsize // 4 for c in w32}
+    """Weight bytes per component at the profile's dtypes, whatever dtype the model holds now
+    (`c2w plan` has the float32 model, the exporter the one already cast to the profile's)."""
+    return weight_bytes(model, {c: profile.precision.dtype(c) for c in model.component_modules()})
 
 
 def dims_str(key: ShapeKey) -> str:
