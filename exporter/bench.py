@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.atomic import atomic_write
 from runtime.cache import EngineCache
 from runtime.engines import get_backend
 from runtime.engines.aoti import CudaGraphed, GraphPool
@@ -457,6 +458,4 @@ def write(res: dict, out: Path) -> None:
     leaves the previous complete files, never a truncated one)."""
     out = Path(out)
     for path, text in ((out, json.dumps(res, indent=1, default=str)), (out.with_suffix(".md"), to_markdown(res) + "\n")):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)

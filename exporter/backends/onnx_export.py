@@ -9,12 +9,12 @@ shared OrtValue.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from runtime.atomic import atomic_write
 
 WEIGHTS_DIR = "weights"
 
@@ -25,13 +25,6 @@ class OnnxStats:
     initializer_bytes: int          # sum over this graph's initializers
     unique_bytes: int               # after content dedupe within the graph
     node_count: int
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, output_names,
@@ -58,7 +51,7 @@ def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, 
             seen.add(digest)
             unique += len(raw)
         if not fname.exists():
-            _atomic_write(fname, raw)
+            atomic_write(fname, raw)
         del init.external_data[:]
         init.ClearField("raw_data")
         for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
@@ -67,7 +60,7 @@ def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, 
         for k, v in (("location", f"{WEIGHTS_DIR}/{fname.name}"), ("offset", "0"), ("length", str(len(raw)))):
             entry = init.external_data.add()
             entry.key, entry.value = k, v
-    _atomic_write(path, model.SerializeToString())
+    atomic_write(path, model.SerializeToString())
     return OnnxStats(len(model.graph.initializer), total, unique, len(model.graph.node))
 
 
