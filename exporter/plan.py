@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime.errors import C2WUserError
 from runtime.model.config import ModelConfig
 from runtime.stream import KEEP_RECENT
 from runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
@@ -122,9 +123,20 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
             charged.add(key.component)
         entries.append(PlannedKey(key, first_cat[key], est, ok))
     plan = Plan(entries, weights, profile.budget_bytes, shares_weights)
-    if not any(e.selected for e in entries):
-        plan.notes.append("the budget fits no key: everything will be served eagerly")
+    if entries and not any(e.selected for e in entries):
+        need = min(entries, key=lambda e: weights[e.key.component] + e.est_bytes)
+        plan.notes.append(f"no key fits the budget of {profile.budget_bytes / 2**20:.1f} MiB; the smallest "
+                          f"({need.key.id}) needs {(weights[need.key.component] + need.est_bytes) / 2**20:.1f} MiB "
+                          "with its component's weights: everything would be served eagerly")
     return plan
+
+
+def require_selection(plan: Plan, source: str) -> None:
+    """An export that would build nothing is an error (the note says what the budget lacks)."""
+    if not plan.selected:
+        raise C2WUserError(f"profile {source}: 'budget_bytes'", plan.notes[-1] if plan.notes else "no keys",
+                           "a budget that fits at least one key", "Raise budget_bytes, or serve eagerly without "
+                           "exporting.")
 
 
 def precision_weights(model, profile) -> dict[str, int]:

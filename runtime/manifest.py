@@ -56,7 +56,7 @@ class Manifest:
     budget_bytes: int
     weight_bytes: dict             # per component, at the profile's precision
     schedule: dict = field(default_factory=dict)  # the profile's streaming schedule (trim rule, P, ...)
-    shared: dict = field(default_factory=dict)   # backend-specific shared files (e.g. ONNX weights)
+    shared: dict = field(default_factory=dict)   # shared files (ONNX weights): path -> {bytes, sha256}
     entries: list[Entry] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
 
@@ -103,6 +103,24 @@ def read_manifest(out_dir: Path) -> Manifest:
     except (TypeError, AttributeError) as e:     # missing, unknown or mistyped fields
         raise C2WUserError(f"manifest '{path}'", f"fields that do not match ({e})",
                            f"the fields of format_version {FORMAT_VERSION}", redo) from None
+
+
+def file_problem(out_dir: Path, rel: str, size: int, sha256: str) -> str | None:
+    """Why the file `rel` under `out_dir` is not the one the manifest recorded, or None."""
+    p = Path(out_dir) / rel
+    if not p.is_file():
+        return f"{rel}: missing"
+    if p.stat().st_size != size:
+        return f"{rel}: {p.stat().st_size} bytes, the manifest says {size} (truncated or replaced)"
+    if file_sha256(p) != sha256:
+        return f"{rel}: sha256 differs from the manifest (modified since export)"
+    return None
+
+
+def file_record(out_dir: Path, rel: str) -> dict:
+    """What the manifest records of a shared file: {"bytes", "sha256"}."""
+    p = Path(out_dir) / rel
+    return {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
 
 
 def file_sha256(path: Path) -> str:

@@ -25,6 +25,7 @@ class OnnxStats:
     initializer_bytes: int          # sum over this graph's initializers
     unique_bytes: int               # after content dedupe within the graph
     node_count: int
+    files: list[str]                # external weights files, relative to the graph's directory
 
 
 def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, output_names,
@@ -39,7 +40,7 @@ def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, 
     wdir = path.parent / WEIGHTS_DIR
     wdir.mkdir(parents=True, exist_ok=True)
     total = unique = 0
-    seen = set()
+    seen, files = set(), []
     for init in model.graph.initializer:
         raw = init.raw_data if init.HasField("raw_data") else numpy_helper.to_array(init).tobytes()
         if not raw:
@@ -52,6 +53,7 @@ def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, 
             unique += len(raw)
         if not fname.exists():
             atomic_write(fname, raw)
+        files.append(f"{WEIGHTS_DIR}/{fname.name}")
         del init.external_data[:]
         init.ClearField("raw_data")
         for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
@@ -61,7 +63,7 @@ def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, 
             entry = init.external_data.add()
             entry.key, entry.value = k, v
     atomic_write(path, model.SerializeToString())
-    return OnnxStats(len(model.graph.initializer), total, unique, len(model.graph.node))
+    return OnnxStats(len(model.graph.initializer), total, unique, len(model.graph.node), sorted(set(files)))
 
 
 def onnx_bytes_on_disk(path: Path) -> int:
