@@ -9,11 +9,14 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runtime.errors import C2WUserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# rich_markup_mode=None: the plain help. Typer's rich help prints a type label on every option,
+# `<bool>` on each flag included (--help too), which reads as if the flag took a value.
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Ahead-of-time engines for the MiniCPM-o 4.5 Code2Wav stage.")
 console = Console()
 err = Console(stderr=True)
@@ -25,7 +28,8 @@ def user_errors(fn):
         try:
             return fn(*a, **kw)
         except C2WUserError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            # the message is text, not markup: `c2w[plot]` must print as written
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2)
     return wrapper
 
@@ -129,18 +133,25 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
            dry_run: bool = typer.Option(False, "--dry-run", help="plan (and for tensorrt: check the ONNX graphs) only"),
            verbose: bool = typer.Option(False, "--verbose", "-v")):
     """Export every selected key of the profile as a verified exact-shape artifact."""
-    from exporter.export import export_profile
+    from exporter.export import ExportInterrupted, dry_run_summary, export_profile
     from exporter.report import render
     _quiet(verbose)
     p = _load(profile, backend, model)
     out = out or Path("artifacts") / p.name
+    if dry_run:
+        console.print(dry_run_summary(p, out), highlight=False, soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bar:
+                  console=console, transient=True) as bar:
         task = bar.add_task(f"export {p.name} ({p.backend})", total=None)
 
         def progress(key_id: str, i: int, n: int):
             bar.update(task, total=n, completed=i, description=f"building {key_id}")
-        res = export_profile(p, out, dry_run=dry_run, shard=_parse_shard(shard), on_progress=progress)
+        try:
+            res = export_profile(p, out, dry_run=dry_run, shard=_parse_shard(shard), on_progress=progress)
+        except ExportInterrupted as e:
+            bar.stop()
+            err.print(str(e), highlight=False, markup=False)
+            raise typer.Exit(130) from None
         bar.update(task, completed=bar.tasks[0].total or 0, description="done")
     if res.findings:
         from exporter.trt_check import format_findings
@@ -183,7 +194,7 @@ def verify(out: Path = typer.Argument(..., help="artifact directory"),
         ok = e.status == "built"
         bad += not ok
         console.print(f"{'ok  ' if ok else 'FAIL'} {e.id}  worst rel-L2 {worst:.2e} (tol {e.parity.get('tol', '-')})"
-                      + ("" if ok else f"  {e.error}"), highlight=False)
+                      + ("" if ok else f"  {e.error}"), highlight=False, markup=False)
     console.print(f"{len(checked) - bad}/{len(checked)} artifacts pass")
     raise typer.Exit(1 if bad else 0)
 
@@ -203,7 +214,8 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
 @user_errors
 def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (default: artifacts/<profile name>)"),
           profile: Optional[str] = typer.Option(None, "--profile", "-p", help="profile whose artifacts to bench"),
-          json_out: Path = typer.Option(Path("bench.json"), "--out", help="JSON results (a .md table beside it)"),
+          json_out: Optional[Path] = typer.Option(None, "--out", help="JSON results, a .md table beside it "
+                                                  "(default: bench.json in the artifact directory)"),
           keys: Optional[str] = typer.Option(None, help="comma-separated key ids (default: every built key)"),
           batches: Optional[str] = typer.Option(None, help="batch sizes for the streaming rows (default: the profile's)"),
           reps: int = typer.Option(20, help="timed repetitions per measurement (after warm-up)"),
@@ -224,6 +236,7 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
             raise C2WUserError("c2w bench", "no artifact directory and no --profile",
                                "an artifact directory or --profile NAME", "e.g. c2w bench --profile cpu")
         out = Path("artifacts") / _load(profile, None, None).name
+    json_out = json_out or out / ("serve.json" if serve else "bench.json")
     if serve:
         from exporter import serve_bench
         if arrival not in ("fixed", "poisson"):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.atomic import atomic_write
 from runtime.cache import EngineCache
 from runtime.engines import get_backend
 from runtime.engines.aoti import CudaGraphed, GraphPool
@@ -159,6 +160,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         print(f"  {e.id}: eager {row['eager']['median_ms']:.2f} ms, served engine "
               f"{served if served is None else round(served, 3)} ms ({row['served_variant']}), best "
               f"{best if best is None else round(best, 3)} ms", flush=True)
+    res["omitted"] = omitted_sections(device, peer, reduced)
     if peer and device.type == "cuda":
         res["peer"] = bench_peer(model, device, reps=max(5, reps // 2))
     if device.type == "cuda":
@@ -449,7 +451,23 @@ def to_markdown(res: dict) -> str:
         lines += ["", f"Peer: {peer['what']}: {peer['flow_chunk']['median_ms']:.1f} ms (p95 {peer['flow_chunk']['p95_ms']:.1f})"]
     if "peak_device_bytes" in res:
         lines += ["", f"Peak device memory during the run: {res['peak_device_bytes'] / 2**30:.2f} GiB"]
+    if res.get("omitted"):
+        lines += [""] + [f"Omitted: {why}." for why in res["omitted"]]
     return "\n".join(lines)
+
+
+def omitted_sections(device: torch.device, peer: bool, reduced: bool) -> list[str]:
+    """One line per section this run leaves out, and why (so a CPU run does not look complete)."""
+    out = []
+    if device.type != "cuda":
+        out.append("device memory the engines add at load: measured on CUDA only; this run is on the CPU")
+    if not peer:
+        out.append("step-audio2 peer row: turned off (--no-peer)")
+    elif device.type != "cuda":
+        out.append("step-audio2 peer row: timed on CUDA only; this run is on the CPU")
+    if not reduced:
+        out.append("B=1 session audio SNR against float32: the artifacts are float32 already")
+    return out
 
 
 def write(res: dict, out: Path, render=None) -> None:
@@ -460,6 +478,4 @@ def write(res: dict, out: Path, render=None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     md = (render or to_markdown)(res)
     for path, text in ((out, json.dumps(res, indent=1, default=str)), (out.with_suffix(".md"), md + "\n")):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)

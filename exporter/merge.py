@@ -40,7 +40,8 @@ def merge_dirs(out: Path, shards: list[Path]) -> Manifest:
             if e.id not in best or rank[e.status] < rank[best[e.id][1].status]:
                 best[e.id] = (s, e)
     out = Path(out)
-    merged = Manifest(**{**base.__dict__, "entries": []})
+    merged = Manifest(**{**base.__dict__, "entries": [],
+                         "shared": {k: v for m in manifests for k, v in m.shared.items()}})
     for s, e in (best[e.id] for e in base.entries if e.id in best):
         if e.status == "built" and Path(s).resolve() != out.resolve():
             for f in (s / e.artifact).parent.glob(Path(e.artifact).stem + "*"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime.errors import C2WUserError
 from runtime.model.config import ModelConfig
 from runtime.stream import KEEP_RECENT
 from runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
@@ -85,15 +86,18 @@ def estimate_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
     return 2 * sum(sizes) + max(sizes)
 
 
-def weight_bytes(model) -> dict[str, int]:
+def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
+    """Bytes of each component's weights, counted once. dtypes: component -> dtype name of its
+    floating-point tensors (default: as they are now)."""
     out = {}
     for comp, mods in model.component_modules().items():
+        size = DTYPES[dtypes[comp]].itemsize if dtypes else None
         seen, n = set(), 0
         for m in mods:
             for t in list(m.parameters()) + list(m.buffers()):
                 if id(t) not in seen:
                     seen.add(id(t))
-                    n += t.numel() * t.element_size()
+                    n += t.numel() * (size if size and t.is_floating_point() else t.element_size())
         out[comp] = n
     return out
 
@@ -119,15 +123,26 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
             charged.add(key.component)
         entries.append(PlannedKey(key, first_cat[key], est, ok))
     plan = Plan(entries, weights, profile.budget_bytes, shares_weights)
-    if not any(e.selected for e in entries):
-        plan.notes.append("the budget fits no key: everything will be served eagerly")
+    if entries and not any(e.selected for e in entries):
+        need = min(entries, key=lambda e: weights[e.key.component] + e.est_bytes)
+        plan.notes.append(f"no key fits the budget of {profile.budget_bytes / 2**20:.1f} MiB; the smallest "
+                          f"({need.key.id}) needs {(weights[need.key.component] + need.est_bytes) / 2**20:.1f} MiB "
+                          "with its component's weights: everything would be served eagerly")
     return plan
 
 
+def require_selection(plan: Plan, source: str) -> None:
+    """An export that would build nothing is an error (the note says what the budget lacks)."""
+    if not plan.selected:
+        raise C2WUserError(f"profile {source}: 'budget_bytes'", plan.notes[-1] if plan.notes else "no keys",
+                           "a budget that fits at least one key", "Raise budget_bytes, or serve eagerly without "
+                           "exporting.")
+
+
 def precision_weights(model, profile) -> dict[str, int]:
-    """Weight bytes per component at the profile's dtypes (the eager model is fp32 on CPU)."""
-    w32 = weight_bytes(model)
-    return {c: w32[c] * DTYPES[profile.precision.dtype(c)].itemsize // 4 for c in w32}
+    """Weight bytes per component at the profile's dtypes, whatever dtype the model holds now
+    (`c2w plan` has the float32 model, the exporter the one already cast to the profile's)."""
+    return weight_bytes(model, {c: profile.precision.dtype(c) for c in model.component_modules()})
 
 
 def dims_str(key: ShapeKey) -> str:

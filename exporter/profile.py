@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,24 +196,39 @@ def parse_profile(data: dict, source: str = "<dict>") -> Profile:
 
 
 def resolve_profile_path(name: str | Path) -> Path:
-    """A path that exists is used as is; otherwise a bare name resolves to the bundled profiles/."""
-    p = Path(name)
+    """An existing file is used as is. A bare name (`h100`, `h100.yaml`) that is no file in the
+    working directory resolves to the bundled profiles/. Anything else is an error: a path with a
+    directory part never falls back to a bundled profile that happens to share its last part."""
+    raw = str(name)
+    p = Path(raw)
+    known = sorted(x.stem for x in BUNDLED.glob("*.yaml"))
     if p.is_file():
         return p
-    for cand in (BUNDLED / p.name, BUNDLED / f"{p.name}.yaml"):
-        if cand.is_file():
-            return cand
-    known = sorted(x.stem for x in BUNDLED.glob("*.yaml"))
-    raise C2WUserError("profile", f"'{name}' (no such file, and not a bundled profile)",
-                       f"a YAML file path or one of the bundled names {known}")
+    if p.is_dir():
+        raise C2WUserError("profile", f"'{raw}' (a directory)", "a YAML file path or one of the bundled names "
+                           f"{known}", "Name the .yaml file inside it.")
+    if os.path.dirname(raw) == "":
+        for cand in (BUNDLED / f"{p.name}.yaml", BUNDLED / p.name):
+            if cand.suffix == ".yaml" and cand.is_file():
+                return cand
+    raise C2WUserError("profile", f"'{raw}' (no such file" + (")" if os.path.dirname(raw) else
+                                                                ", and not a bundled profile)"),
+                       f"an existing YAML file path or one of the bundled names {known}")
 
 
 def load_profile(name: str | Path) -> Profile:
     path = resolve_profile_path(name)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise C2WUserError(f"profile {where}", f"invalid YAML ({e.problem or e.context})",
+                           "a YAML mapping", "Fix the file at that line and column.") from None
     except yaml.YAMLError as e:
-        raise C2WUserError(f"profile {path}", f"invalid YAML ({e})", "a YAML mapping") from e
+        raise C2WUserError(f"profile {path}", f"invalid YAML ({e})", "a YAML mapping") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise C2WUserError(f"profile {path}", f"an unreadable file ({e})", "a UTF-8 YAML file") from None
     if not isinstance(data, dict):
         raise C2WUserError(f"profile {path}", f"{type(data).__name__}", "a YAML mapping at the top level")
     return parse_profile(data, str(path))

@@ -58,6 +58,11 @@ def render(m: Manifest, fmt: str = "table") -> str:
            f"{_mib(s['measured_key_bytes'])} = {_mib(s['total_bytes'])} MiB; "
            + ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
            + f"; build {s['build_seconds']} s")
+    pending = s["counts"].get("pending", 0)
+    if pending:
+        planned = sum(n for k, n in s["counts"].items() if k != "skipped_budget")
+        tot += (f"\n{pending} of {planned} planned keys are pending (an interrupted export, or another "
+                "shard's keys): re-run the same c2w export to build them")
     if fmt == "markdown":
         lines = [f"**{head}**", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
         lines += ["| " + " | ".join(r) + " |" for r in rows(m)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from exporter.plan import make_plan, precision_weights
+from exporter.plan import make_plan, precision_weights, require_selection
 from runtime.engines import get_backend
 from runtime.units import SPECS, ShapeKey
 
@@ -86,6 +86,7 @@ def export_tensorrt(profile, out_dir: Path, *, dry_run: bool, shard=(1, 1), on_p
         backend.require()                 # fail fast, before minutes of export
     model, device = prepare_model(profile) if not dry_run else _cpu_model(profile)
     plan = make_plan(model.cfg, profile, precision_weights(model, profile), shares_weights=True)
+    require_selection(plan, profile.source)
     groups: dict[str, list] = defaultdict(list)
     for e in plan.selected:
         groups[graph_variant(e.key)].append(e)

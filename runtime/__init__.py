@@ -10,13 +10,13 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from runtime.cache import EngineCache
 from runtime.errors import C2WUserError
+from runtime.manifest import read_manifest
 from runtime.model.weights import Code2Wav, load_model
 from runtime.serving import StreamHandle, StreamServer
 from runtime.slots import ServerFullError
@@ -65,27 +65,28 @@ def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: 
     CUDA-graph capture during serving would collide with other threads' kernels).
     """
     artifact_dir = Path(artifact_dir)
-    meta = {}
-    mpath = artifact_dir / "manifest.json"
-    if mpath.is_file():
-        try:
-            meta = json.loads(mpath.read_text())
-        except json.JSONDecodeError:
-            meta = {}          # EngineCache reports the broken manifest and serves eagerly
-    if model is None:
-        model = meta.get("model", {}).get("spec")
+    try:
+        manifest = read_manifest(artifact_dir)
+    except C2WUserError as e:
         if model is None:
-            raise C2WUserError("runtime.load", f"no model and no readable manifest in '{artifact_dir}'",
-                               "a model spec (checkpoint dir or 'random:tiny') or an artifact directory")
+            raise C2WUserError("runtime.load", f"no model and no readable manifest in '{artifact_dir}' ({e})",
+                               "a model spec (checkpoint dir or 'random:tiny') or an artifact directory") from None
+        manifest = e                 # EngineCache warns with the reason and serves eagerly
+    readable = not isinstance(manifest, C2WUserError)
+    if model is None:
+        model = manifest.model.get("spec")
+        if not isinstance(model, str):
+            raise C2WUserError("runtime.load", f"manifest in '{artifact_dir}' with no model spec",
+                               "a model= argument or a manifest written by c2w export")
     if device is None:
-        device = "cpu" if meta.get("device", "cpu") == "cpu" else "cuda"
+        device = "cpu" if not readable or manifest.device == "cpu" else "cuda"
     if isinstance(model, str):
         model = load_model(model)
-        prec = meta.get("precision", {})
+        prec = manifest.precision if readable else {}
         model.to(torch.device(device), {c: dtype_of(prec.get(c, "float32")) for c in SPECS})
     if lazy is None:
         lazy = torch.device(device).type != "cuda"
     if trim_conformer is None:
-        trim_conformer = bool(meta.get("schedule", {}).get("trim_conformer", True))
-    return Runtime(model, EngineCache(artifact_dir, model, device, lazy=lazy), trim_conformer=trim_conformer,
-                   schedule=meta.get("schedule", {}))
+        trim_conformer = bool(manifest.schedule.get("trim_conformer", True)) if readable else True
+    cache = EngineCache(artifact_dir, model, device, lazy=lazy, manifest=manifest)
+    return Runtime(model, cache, trim_conformer=trim_conformer, schedule=manifest.schedule if readable else {})

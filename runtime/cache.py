@@ -39,7 +39,10 @@ def manifest_mismatch(manifest: Manifest, model, backend_version: str | None, de
 
 
 class EngineCache:
-    def __init__(self, artifact_dir: str | Path, model, device: torch.device | str = "cpu", *, lazy: bool = True):
+    def __init__(self, artifact_dir: str | Path, model, device: torch.device | str = "cpu", *, lazy: bool = True,
+                 manifest: Manifest | C2WUserError | None = None):
+        """manifest: the directory's manifest already read, or the error reading it gave (then
+        everything is served eagerly); None: read it here."""
         self.dir = Path(artifact_dir)
         self.model = model
         self.device = torch.device(device)
@@ -55,7 +58,7 @@ class EngineCache:
         self._warned_miss: set[ShapeKey] = set()
         self.backend = None
         self.reason_disabled: str | None = None
-        self._open()
+        self._open(manifest)
         if not lazy:
             for key in list(self._entries):
                 self.load(key)
@@ -69,9 +72,12 @@ class EngineCache:
         self.reason_disabled = reason
         log.warning("c2w: serving everything eagerly: %s", reason)
 
-    def _open(self) -> None:
+    def _open(self, manifest: Manifest | C2WUserError | None) -> None:
         try:
-            manifest = read_manifest(self.dir)
+            if manifest is None:
+                manifest = read_manifest(self.dir)
+            if isinstance(manifest, C2WUserError):
+                raise manifest
         except C2WUserError as e:
             return self._disable(str(e))
         try:

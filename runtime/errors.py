@@ -5,6 +5,9 @@ turns it into one line and exit code 2. Anything else escaping is a bug in c2w.
 """
 from __future__ import annotations
 
+import errno
+import os
+
 
 class C2WUserError(ValueError):
     """Bad input from the user; the message names the thing, what came and what was expected."""
@@ -32,3 +35,18 @@ def check_shape(name: str, tensor, expected: tuple, dtype=None) -> None:
                            "Check the batch size, chunk length and cache lengths against the model config.")
     if dtype is not None and tensor.dtype != dtype:
         raise C2WUserError(f"tensor '{name}'", f"dtype {tensor.dtype}", f"dtype {dtype}")
+
+
+# OSErrors a user fixes on their side (space, permissions, a file where a directory should be)
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                          errno.EISDIR, errno.EEXIST})
+
+
+def write_error(exc: OSError, where, fix: str) -> C2WUserError | None:
+    """The C2WUserError for an OSError of WRITE_ERRNOS while writing under `where`, else None
+    (any other OSError is a bug to surface, not to reword)."""
+    if exc.errno not in WRITE_ERRNOS:
+        return None
+    target = exc.filename or where
+    return C2WUserError(f"writing '{target}'", f"{errno.errorcode.get(exc.errno, exc.errno)} "
+                        f"({os.strerror(exc.errno)})", "a writable directory with free space", fix)

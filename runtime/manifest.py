@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from runtime.atomic import atomic_write
 from runtime.errors import C2WUserError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATUSES = ("built", "skipped_budget", "failed", "unsupported", "pending")
+
+
+class ForeignManifestError(C2WUserError):
+    """A readable manifest of another format version: its entries are misses (re-export them)."""
 
 
 @dataclass
@@ -53,7 +56,7 @@ class Manifest:
     budget_bytes: int
     weight_bytes: dict             # per component, at the profile's precision
     schedule: dict = field(default_factory=dict)  # the profile's streaming schedule (trim rule, P, ...)
-    shared: dict = field(default_factory=dict)   # backend-specific shared files (e.g. ONNX weights)
+    shared: dict = field(default_factory=dict)   # shared files (ONNX weights): path -> {bytes, sha256}
     entries: list[Entry] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
 
@@ -71,35 +74,53 @@ class Manifest:
 
 
 def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
-    """Atomic: write a temp file in the same directory, fsync, rename over manifest.json."""
+    """Atomic (runtime.atomic): a reader sees the previous manifest or this one, never a part."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(manifest.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_dir / MANIFEST)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out_dir / MANIFEST
+    return atomic_write(out_dir / MANIFEST, manifest.to_json())
 
 
 def read_manifest(out_dir: Path) -> Manifest:
+    """The directory's manifest; any manifest that cannot be read (missing, unreadable bytes,
+    not the JSON c2w writes, another format version) is a C2WUserError saying which and why."""
     path = Path(out_dir) / MANIFEST
     if not path.is_file():
         raise C2WUserError("artifact directory", f"'{out_dir}' with no {MANIFEST}",
                            "a directory written by `c2w export`", "Run `c2w export --profile ... --out DIR` first.")
+    redo = "Re-export into this directory (c2w export --out DIR) or restore the file."
     try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise C2WUserError(f"manifest '{path}'", f"invalid JSON ({e})", "the JSON c2w export writes") from e
+        d = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, OSError) as e:
+        raise C2WUserError(f"manifest '{path}'", f"an unreadable file ({type(e).__name__}: {e})",
+                           "the UTF-8 JSON c2w export writes", redo) from None
+    if not isinstance(d, dict):
+        raise C2WUserError(f"manifest '{path}'", f"a JSON {type(d).__name__}", "a JSON object", redo)
     if d.get("format_version") != FORMAT_VERSION:
-        raise C2WUserError(f"manifest '{path}'", f"format_version {d.get('format_version')!r}",
+        raise ForeignManifestError(f"manifest '{path}'", f"format_version {d.get('format_version')!r}",
                            f"format_version {FORMAT_VERSION}", "Re-export with this version of c2w.")
-    return Manifest.from_dict(d)
+    try:
+        return Manifest.from_dict(d)
+    except (TypeError, AttributeError) as e:     # missing, unknown or mistyped fields
+        raise C2WUserError(f"manifest '{path}'", f"fields that do not match ({e})",
+                           f"the fields of format_version {FORMAT_VERSION}", redo) from None
+
+
+def file_problem(out_dir: Path, rel: str, size: int, sha256: str) -> str | None:
+    """Why the file `rel` under `out_dir` is not the one the manifest recorded, or None."""
+    p = Path(out_dir) / rel
+    if not p.is_file():
+        return f"{rel}: missing"
+    if p.stat().st_size != size:
+        return f"{rel}: {p.stat().st_size} bytes, the manifest says {size} (truncated or replaced)"
+    if file_sha256(p) != sha256:
+        return f"{rel}: sha256 differs from the manifest (modified since export)"
+    return None
+
+
+def file_record(out_dir: Path, rel: str) -> dict:
+    """What the manifest records of a shared file: {"bytes", "sha256"}."""
+    p = Path(out_dir) / rel
+    return {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
 
 
 def file_sha256(path: Path) -> str:

@@ -121,9 +121,13 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
         extra["inductor"] = overrides
     tmp = path.with_name(path.stem + ".tmp.pt2")
     cxx = aoti_compiler()
-    with _compiler(cxx):
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
-    bad = static_libstdcxx_objects(tmp)
+    try:
+        with _compiler(cxx):
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
+        bad = static_libstdcxx_objects(tmp)
+    except BaseException:       # a full disk or an interrupt leaves no half-written package
+        tmp.unlink(missing_ok=True)
+        raise
     if bad:
         tmp.unlink()
         raise RuntimeError(f"{bad} link libstdc++ statically (compiler {cxx}); such packages crash at load. "

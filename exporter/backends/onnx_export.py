@@ -9,12 +9,12 @@ shared OrtValue.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from runtime.atomic import atomic_write
 
 WEIGHTS_DIR = "weights"
 
@@ -25,13 +25,7 @@ class OnnxStats:
     initializer_bytes: int          # sum over this graph's initializers
     unique_bytes: int               # after content dedupe within the graph
     node_count: int
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    files: list[str]                # external weights files, relative to the graph's directory
 
 
 def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, output_names,
@@ -46,7 +40,7 @@ def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, 
     wdir = path.parent / WEIGHTS_DIR
     wdir.mkdir(parents=True, exist_ok=True)
     total = unique = 0
-    seen = set()
+    seen, files = set(), []
     for init in model.graph.initializer:
         raw = init.raw_data if init.HasField("raw_data") else numpy_helper.to_array(init).tobytes()
         if not raw:
@@ -58,7 +52,8 @@ def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, 
             seen.add(digest)
             unique += len(raw)
         if not fname.exists():
-            _atomic_write(fname, raw)
+            atomic_write(fname, raw)
+        files.append(f"{WEIGHTS_DIR}/{fname.name}")
         del init.external_data[:]
         init.ClearField("raw_data")
         for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
@@ -67,8 +62,8 @@ def export_onnx(unit: torch.nn.Module, inputs: list[torch.Tensor], input_names, 
         for k, v in (("location", f"{WEIGHTS_DIR}/{fname.name}"), ("offset", "0"), ("length", str(len(raw)))):
             entry = init.external_data.add()
             entry.key, entry.value = k, v
-    _atomic_write(path, model.SerializeToString())
-    return OnnxStats(len(model.graph.initializer), total, unique, len(model.graph.node))
+    atomic_write(path, model.SerializeToString())
+    return OnnxStats(len(model.graph.initializer), total, unique, len(model.graph.node), sorted(set(files)))
 
 
 def onnx_bytes_on_disk(path: Path) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Mapping, Sequence
 from runtime.engines.tensorrt import (  # noqa: F401  (artifact_name is part of this module's API)
     artifact_name, import_tensorrt, parse_version, scratch_bytes, timing_cache_name,
 )
+from runtime.atomic import atomic_write as write_atomically
 from runtime.errors import C2WUserError
 
 log = logging.getLogger("c2w.tensorrt")
@@ -177,16 +177,7 @@ def timing_cache_file(timing_cache_path, trt_version: str, gpu_name: str) -> Pat
 def atomic_write(path: Path, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomically(path, data)
 
 
 # ---- TensorRT-facing code ---------------------------------------------------------------------

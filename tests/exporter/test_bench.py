@@ -193,3 +193,16 @@ def test_timed_runs_setup_outside_the_call_once_per_rep():
     calls = []
     timed(lambda: calls.append(1), torch.device("cpu"), warmup=1, reps=2)
     assert len(calls) == 3
+
+
+def test_bench_on_cpu_says_what_it_omits_and_writes_beside_the_artifacts(artifacts_copy, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["bench", str(artifacts_copy), "--reps", "1", "--no-peer",
+                                 "--keys", "hift-B1-F50-S0-float32", "--batches", "1"])
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "bench.json").exists()
+    res = json.loads((artifacts_copy / "bench.json").read_text())
+    assert res["omitted"] == ["device memory the engines add at load: measured on CUDA only; this run is on the CPU",
+                              "step-audio2 peer row: turned off (--no-peer)",
+                              "B=1 session audio SNR against float32: the artifacts are float32 already"]
+    assert "Omitted: step-audio2 peer row: turned off (--no-peer)." in r.output

@@ -1,6 +1,7 @@
 """Exporter: manifest contents, budget cut, resume, AOTI keys, report formats, CLI exit codes."""
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from typer.testing import CliRunner
 from cli import app
 from exporter.export import export_profile, verify_directory
 from exporter.plan import make_plan, precision_weights, stream_keys
+from exporter.profile import Precision
 from exporter.report import plot, render
 from runtime.manifest import FORMAT_VERSION, read_manifest
 from runtime.model.weights import load_model
@@ -204,3 +206,168 @@ def test_bundled_profile_resolves_by_bare_name_and_tensorrt_fails_fast(tmp_path)
     assert "tensorrt" in result.output and "pip install" in " ".join(result.output.split())
     result = runner.invoke(app, ["plan", "--profile", "nope"])
     assert result.exit_code == 2 and "bundled names" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe not utf-8 \x80", b"[1, 2]", b'{"format_version": 1}'])
+def test_unreadable_manifest_is_one_line_and_exit_2_in_every_command(tmp_path, data):
+    (tmp_path / "manifest.json").write_bytes(data)
+    for args in (["report", str(tmp_path)], ["verify", str(tmp_path)],
+                 ["export", "--profile", "cpu", "--out", str(tmp_path)]):
+        result = runner.invoke(app, args)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and "manifest.json" in lines[0], (args, result.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]     # export wrote nothing
+
+
+def test_plan_dry_run_and_export_pick_the_same_keys_for_fp16(tmp_path):
+    """The exporter's model is already cast to fp16 when it counts weight bytes: they must not
+    be halved a second time (h100: 59 keys in plan, 53 in the dry run)."""
+    from exporter.plan import weight_bytes
+    model = load_model("random:tiny")
+    fp16 = dataclasses.replace(small_profile(), precision=Precision(flow_encoder="float16", cfm="float16"))
+    w = precision_weights(model, fp16)
+    assert w["cfm"] == weight_bytes(model)["cfm"] // 2 and w["hift"] == weight_bytes(model)["hift"]
+    assert precision_weights(model.to(torch.device("cpu"), {"flow_encoder": torch.float16, "cfm": torch.float16,
+                                                            "hift": torch.float32}), fp16) == w
+    full = make_plan(model.cfg, fp16, w)
+    budget = sum(w.values()) + sum(e.est_bytes for e in full.entries) - 1      # one byte short of all
+    f = tmp_path / "fp16.yaml"
+    f.write_text(f"name: fp16\nbudget_bytes: {budget}\nprecision: {{flow_encoder: float16, cfm: float16}}\n"
+                 "schedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3}\n")
+    plan = runner.invoke(app, ["plan", "--profile", str(f)])
+    dry = runner.invoke(app, ["export", "--profile", str(f), "--out", str(tmp_path / "o"), "--dry-run"])
+    n_plan = int(re.search(r"(\d+) keys to build", plan.output).group(1))
+    n_dry = int(re.search(r"dry run: (\d+) keys would be built", " ".join(dry.output.split())).group(1))
+    assert n_plan == n_dry == len(full.entries) - 1, (plan.output, dry.output)
+    res = export_profile(dataclasses.replace(fp16, budget_bytes=budget), tmp_path / "e", dry_run=True)
+    assert res.plan.weight_bytes == w and len(res.plan.selected) == n_plan
+
+
+def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifacts_copy):
+    m = read_manifest(artifacts_copy)
+    weights = sorted(str(p.relative_to(artifacts_copy)) for p in (artifacts_copy / "onnxruntime" / "weights").iterdir())
+    assert sorted(m.shared) == weights                  # every shared file is listed with its hash
+    hift = next(e for e in m.entries if e.component == "hift")
+    largest = max(weights, key=lambda rel: (artifacts_copy / rel).stat().st_size)
+    for rel in (hift.artifact, largest):
+        p = artifacts_copy / rel
+        good = p.read_bytes()
+        i = len(good) // 2
+        p.write_bytes(good[:i] + bytes([good[i] ^ 0xFF]) + good[i + 1:])      # same size, one byte flipped
+        result = runner.invoke(app, ["verify", str(artifacts_copy)])
+        assert result.exit_code == 1 and f"{rel}: sha256 differs from the manifest" in result.output, result.output
+        p.write_bytes(good)
+    assert runner.invoke(app, ["verify", str(artifacts_copy)]).exit_code == 0
+
+
+def test_verify_of_a_directory_with_nothing_built_fails(artifacts_copy):
+    path = artifacts_copy / "manifest.json"
+    d = json.loads(path.read_text())
+    for e in d["entries"]:
+        e["status"] = "pending"
+    path.write_text(json.dumps(d))
+    result = runner.invoke(app, ["verify", str(artifacts_copy)])
+    assert result.exit_code == 2 and "nothing built ({'pending': 8})" in " ".join(result.output.split())
+
+
+def test_verify_on_cuda_without_cuda_is_one_line(ort_artifacts):
+    for device, message in (("cuda", "'cuda' on a machine without CUDA"), ("gpu", "--device: received 'gpu'")):
+        result = runner.invoke(app, ["verify", str(ort_artifacts), "--device", device])
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def _stop_after(monkeypatch, n_keys: int, stop):
+    """Build the first n_keys keys for real, then call stop() when the next key starts."""
+    import exporter.export as ex
+    real, calls = ex._build_entry, []
+
+    def build(*a, **kw):
+        calls.append(1)
+        if len(calls) > n_keys:
+            stop()
+        return real(*a, **kw)
+    monkeypatch.setattr(ex, "_build_entry", build)
+
+
+def _tmp_files(root):
+    return [p for p in root.rglob("*") if ".tmp" in p.name]
+
+
+def test_out_naming_a_file_is_one_line(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    result = runner.invoke(app, ["export", "--profile", "cpu", "--out", str(f)])
+    assert result.exit_code == 2 and "an existing file" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_disk_full_mid_export_is_one_line_keeps_what_was_built_and_no_temporaries(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import runtime.atomic as atomic
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    _stop_after(monkeypatch, 2, lambda: monkeypatch.setattr(atomic, "_write_all", full))
+    f = tmp_path / "p.yaml"
+    f.write_text("name: p\nschedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3}\n")
+    result = runner.invoke(app, ["export", "--profile", str(f), "--out", str(tmp_path / "o")])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2 and "ENOSPC (No space left on device)" in out and "resume" in out, result.output
+    assert _tmp_files(tmp_path / "o") == []
+    status = [e.status for e in read_manifest(tmp_path / "o").entries]
+    assert status.count("built") == 2 and status.count("pending") == 6
+
+
+def test_read_only_directory_is_one_line(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import runtime.atomic as atomic
+
+    def read_only(path, flags, mode=0o777):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    monkeypatch.setattr(atomic.os, "open", read_only)
+    result = runner.invoke(app, ["export", "--profile", "cpu", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "EROFS (Read-only file system)" in " ".join(result.output.split())
+
+
+def test_interrupt_says_what_is_missing_and_keeps_it_pending(tmp_path, monkeypatch):
+    def interrupt():
+        raise KeyboardInterrupt
+    _stop_after(monkeypatch, 2, interrupt)
+    f = tmp_path / "p.yaml"
+    f.write_text("name: p\nschedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3}\n")
+    result = runner.invoke(app, ["export", "--profile", str(f), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 130 and "interrupted: 2 of 8 built; re-run to resume" in result.output
+    m = read_manifest(tmp_path / "o")
+    assert [e.status for e in m.entries].count("pending") == 6 and _tmp_files(tmp_path / "o") == []
+    table = render(m)
+    assert "2 built, 6 pending" in table and "6 of 8 planned keys are pending" in table
+
+
+def test_a_budget_that_fits_no_key_fails_the_export_and_says_why(tmp_path):
+    f = tmp_path / "tiny_budget.yaml"
+    f.write_text("name: t\nbudget_bytes: 1MiB\n")
+    plan = runner.invoke(app, ["plan", "--profile", str(f)])
+    assert plan.exit_code == 0 and "no key fits the budget of 1.0 MiB; the smallest" in " ".join(plan.output.split())
+    result = runner.invoke(app, ["export", "--profile", str(f), "--out", str(tmp_path / "o")])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2 and re.search(r"no key fits the budget of 1.0 MiB; the smallest \(\S+\) needs "
+                                               r"[0-9.]+ MiB", out), out
+    assert not (tmp_path / "o").exists()
+
+
+def test_dry_run_says_up_front_what_it_will_write(tmp_path, monkeypatch):
+    import exporter.export as ex
+    from runtime.errors import C2WUserError
+
+    def stop(*a, **kw):
+        raise C2WUserError("stop", "-", "-")
+    monkeypatch.setattr(ex, "export_profile", stop)
+    result = runner.invoke(app, ["export", "--profile", "h100", "--out", str(tmp_path), "--dry-run"])
+    first = " ".join(result.output.split())
+    assert first.startswith(f"dry run: plans the keys of h100, then exports one ONNX graph per graph variant into "
+                            f"{tmp_path}/tensorrt/onnx")
+    assert "hundreds of MB" in first

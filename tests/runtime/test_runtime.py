@@ -150,3 +150,17 @@ def test_rel_l2_in_slices_equals_the_whole(monkeypatch):
     assert units.rel_l2(b.half(), b.half()) == 0.0 and units.rel_l2(a, torch.zeros_like(a)) > 0
     with pytest.raises(ValueError, match=r"shapes \(3, 1001\) and \(3003,\): expected equal"):
         units.rel_l2(a, b.reshape(-1))
+
+
+BAD_MANIFESTS = [b"\xff\xfe not utf-8 \x80", b'{"format_version": 1, "entries": [', b"[1, 2]",
+                 b'{"format_version": 1, "colour": "red"}']
+
+
+@pytest.mark.parametrize("data", BAD_MANIFESTS)
+def test_unreadable_manifest_serves_eagerly_with_a_model_and_is_a_clear_error_without(
+        artifacts_copy, eager_model, caplog, data):
+    (artifacts_copy / "manifest.json").write_bytes(data)
+    rt = _damage_and_check(artifacts_copy, eager_model, caplog, "manifest.json'")
+    assert "; expected " in rt.cache.reason_disabled and rt.cache.keys == []
+    with pytest.raises(runtime.C2WUserError, match=r"runtime.load: received no model and no readable manifest"):
+        runtime.load(artifacts_copy)
