@@ -128,8 +128,10 @@ class StreamServer:
     max_streams: slots preallocated on the device; `open_stream` beyond them raises
     ServerFullError. max_prompt_frames: the longest prompt (mel frames) a stream may have; the
     pools hold caches of that plus the 100 frames kept after trimming. max_wait_ms: how long a
-    partial batch may wait for streams that could join it (see the module docstring). max_batch: the largest batch for groups with no
-    engine (default: the largest batch size the artifact directory has engines for, or 8).
+    partial batch may wait for streams that could join it (see the module docstring).
+    max_batch: the largest batch for groups with no engine (default: the largest batch size the
+    artifact directory has engines for, or 8). seed: each stream's HiFT noise seed unless
+    `open_stream` names one (the same default as `Runtime.step`'s).
     """
 
     def __init__(self, runtime, *, max_streams: int = 64, max_prompt_frames: int | None = None,
@@ -250,7 +252,7 @@ class StreamServer:
                     "units": self.cache.stats()}
 
     def shutdown(self, wait: bool = True) -> None:
-        """Stop the worker; queued chunks are cancelled. The runtime stays usable."""
+        """Stop the workers; queued chunks are cancelled. The runtime stays usable."""
         with self._cv:
             self._stopping = True
             for s in self._streams.values():
@@ -349,6 +351,20 @@ class StreamServer:
 
     # ------------------------------------------------------------------ the worker
     def _loop(self, lane: str) -> None:
+        try:
+            self._serve(lane)
+        except BaseException as exc:      # a bug here must fail the waiting callers, not hang them
+            with self._cv:
+                self._stopping = True
+                for s in self._streams.values():
+                    while s.queue:
+                        f = s.queue.popleft().future
+                        if f.set_running_or_notify_cancel():
+                            f.set_exception(RuntimeError(f"c2w stream server stopped: {exc!r}"))
+                self._cv.notify_all()
+            raise
+
+    def _serve(self, lane: str) -> None:
         while True:
             with self._cv:
                 rows = None

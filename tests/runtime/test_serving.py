@@ -388,3 +388,19 @@ def test_websocket_example_serves_four_clients_at_once(serve_dir, rt):
         assert len(got) == len(want)
         for a, b in zip(got, want):
             assert rel_l2(torch.from_numpy(a.copy()), b.float()) <= PCM_TOL
+
+
+def test_a_scheduler_bug_fails_waiting_callers_instead_of_hanging_them(rt, monkeypatch):
+    s = make_stream(rt.model.cfg, 800, 1)
+    srv = rt.serve(max_streams=1)
+    try:
+        h = srv.open_stream(*s[:3])
+        h.ready.result(timeout=60)
+        monkeypatch.setattr(srv, "_next_batch", lambda lane, now: 1 / 0)
+        fut = srv.submit(h, s[3][0][0])
+        with pytest.raises(RuntimeError, match="stream server stopped: ZeroDivisionError"):
+            fut.result(timeout=60)
+        with pytest.raises(C2WUserError, match="after shutdown"):
+            srv.submit(h, s[3][0][0]).result(timeout=60)
+    finally:
+        srv.shutdown()
