@@ -87,13 +87,22 @@ def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(ort_artifacts, mo
     assert "| 2 | 28 | failed: RuntimeError: CUDA out of memory (simulated) |" in to_markdown(res)
 
 
-def test_bench_cli_writes_json_and_markdown(ort_artifacts, tmp_path):
-    out = tmp_path / "b.json"
-    r = CliRunner().invoke(app, ["bench", str(ort_artifacts), "--out", str(out), "--reps", "1", "--no-peer",
+def test_bench_cli_writes_json_and_markdown_beside_the_artifacts_and_says_what_it_omits(
+        artifacts_copy, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["bench", str(artifacts_copy), "--reps", "1", "--no-peer",
                                  "--keys", "flow_encoder-B1-N28-C100-last0-float32", "--batches", "1"])
     assert r.exit_code == 0, r.output
-    assert json.loads(out.read_text())["keys"][0]["id"] == "flow_encoder-B1-N28-C100-last0-float32"
+    assert not (tmp_path / "bench.json").exists()                    # not into the working directory
+    out = artifacts_copy / "bench.json"
+    res = json.loads(out.read_text())
+    assert res["keys"][0]["id"] == "flow_encoder-B1-N28-C100-last0-float32"
     assert out.with_suffix(".md").read_text().startswith("Device cpu")
+    # a CPU run of float32 artifacts leaves three sections out, and says why
+    assert res["omitted"] == ["device memory the engines add at load: measured on CUDA only; this run is on the CPU",
+                              "step-audio2 peer row: turned off (--no-peer)",
+                              "B=1 session audio SNR against float32: the artifacts are float32 already"]
+    assert "Omitted: step-audio2 peer row: turned off (--no-peer)." in r.output
 
 
 def test_snr_and_fidelity_values():
@@ -194,15 +203,3 @@ def test_timed_runs_setup_outside_the_call_once_per_rep():
     timed(lambda: calls.append(1), torch.device("cpu"), warmup=1, reps=2)
     assert len(calls) == 3
 
-
-def test_bench_on_cpu_says_what_it_omits_and_writes_beside_the_artifacts(artifacts_copy, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(app, ["bench", str(artifacts_copy), "--reps", "1", "--no-peer",
-                                 "--keys", "hift-B1-F50-S0-float32", "--batches", "1"])
-    assert r.exit_code == 0, r.output
-    assert not (tmp_path / "bench.json").exists()
-    res = json.loads((artifacts_copy / "bench.json").read_text())
-    assert res["omitted"] == ["device memory the engines add at load: measured on CUDA only; this run is on the CPU",
-                              "step-audio2 peer row: turned off (--no-peer)",
-                              "B=1 session audio SNR against float32: the artifacts are float32 already"]
-    assert "Omitted: step-audio2 peer row: turned off (--no-peer)." in r.output

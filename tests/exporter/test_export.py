@@ -309,7 +309,7 @@ def test_disk_full_mid_export_is_one_line_keeps_what_was_built_and_no_temporarie
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    _stop_after(monkeypatch, 2, lambda: monkeypatch.setattr(atomic, "_write_all", full))
+    _stop_after(monkeypatch, 1, lambda: monkeypatch.setattr(atomic, "_write_all", full))
     f = tmp_path / "p.yaml"
     f.write_text("name: p\nschedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3}\n")
     result = runner.invoke(app, ["export", "--profile", str(f), "--out", str(tmp_path / "o")])
@@ -317,7 +317,7 @@ def test_disk_full_mid_export_is_one_line_keeps_what_was_built_and_no_temporarie
     assert result.exit_code == 2 and "ENOSPC (No space left on device)" in out and "resume" in out, result.output
     assert _tmp_files(tmp_path / "o") == []
     status = [e.status for e in read_manifest(tmp_path / "o").entries]
-    assert status.count("built") == 2 and status.count("pending") == 6
+    assert status.count("built") == 1 and status.count("pending") == 7
 
 
 def test_read_only_directory_is_one_line(tmp_path, monkeypatch):
@@ -336,15 +336,15 @@ def test_read_only_directory_is_one_line(tmp_path, monkeypatch):
 def test_interrupt_says_what_is_missing_and_keeps_it_pending(tmp_path, monkeypatch):
     def interrupt():
         raise KeyboardInterrupt
-    _stop_after(monkeypatch, 2, interrupt)
+    _stop_after(monkeypatch, 1, interrupt)
     f = tmp_path / "p.yaml"
     f.write_text("name: p\nschedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3}\n")
     result = runner.invoke(app, ["export", "--profile", str(f), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 130 and "interrupted: 2 of 8 built; re-run to resume" in result.output
+    assert result.exit_code == 130 and "interrupted: 1 of 8 built; re-run to resume" in result.output
     m = read_manifest(tmp_path / "o")
-    assert [e.status for e in m.entries].count("pending") == 6 and _tmp_files(tmp_path / "o") == []
+    assert [e.status for e in m.entries].count("pending") == 7 and _tmp_files(tmp_path / "o") == []
     table = render(m)
-    assert "2 built, 6 pending" in table and "6 of 8 planned keys are pending" in table
+    assert "1 built, 7 pending" in table and "7 of 8 planned keys are pending" in table
 
 
 def test_a_budget_that_fits_no_key_fails_the_export_and_says_why(tmp_path):
