@@ -160,6 +160,7 @@ class StreamServer:
         self._stopping = False
         self._counts = Counter()
         self._calls = Counter()            # (kind, batch size) -> calls
+        self._built: dict[tuple, list[int]] = {}   # CFM (T, L) -> batch sizes with an engine
         # Two lanes: chunks, and prompt set-ups (eager, ~10x a chunk on the GPU) so that a new
         # stream's set-up never holds up the chunks of the streams already playing.
         self._workers = [threading.Thread(target=self._loop, args=(lane,), name=f"c2w-serve-{lane}", daemon=True)
@@ -304,7 +305,10 @@ class StreamServer:
         la = cfg.encoder.pre_lookahead
         T = cfg.up_rate * (r.tokens.shape[0] - (0 if r.last else la))
         L = s.lengths["estimator_att"]
-        return sorted({k.dims[0] for k in self.cache.keys if k.component == "cfm" and k.dims[1:] == (T, L)})
+        if (T, L) not in self._built:          # the directory's keys do not change while serving
+            self._built[(T, L)] = sorted({k.dims[0] for k in self.cache.keys
+                                          if k.component == "cfm" and k.dims[1:] == (T, L)})
+        return self._built[(T, L)]
 
     def _wait_for_company(self, sig: tuple, rows: list, now: float) -> float:
         """Seconds worth waiting before running a partial group: until the idle streams at the
