@@ -106,7 +106,6 @@ class _Stream:
     finished: bool = False
     closed: bool = False
     error: BaseException | None = None
-    chunks: int = 0
     idle_since: float = 0.0                      # when its last result was delivered
     released: Future = field(default_factory=Future)    # resolves when the slot is free again
 
@@ -467,7 +466,6 @@ class StreamServer:
             self._counts["padded_rows"] += pad
         for s, r in part:
             s.lengths = lengths
-            s.chunks += 1
             s.finished = r.last
         return [(r.future, pcm[i]) for i, (_, r) in enumerate(part)]
 
