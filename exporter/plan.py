@@ -19,7 +19,7 @@ from runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
 @dataclass(frozen=True)
 class PlannedKey:
     key: ShapeKey
-    category: str                 # first | steady | tail | extra
+    category: str                 # first | steady | setup | tail | extra
     est_bytes: int                # per-key device bytes (I/O + workspace), weights excluded
     selected: bool = False
 
@@ -57,6 +57,11 @@ def stream_keys(cfg: ModelConfig, profile) -> list[tuple[str, ShapeKey]]:
     hift_cache = cfg.hift_source_cache
     out = []
     for B in s.batch_sizes:
+        if s.setup_keys:           # the prompt set-up: P/2 tokens + 3 lookahead, empty caches
+            P = s.prompt_frames
+            out.append(("setup", ShapeKey("flow_encoder", (B, P // cfg.up_rate + cfg.encoder.pre_lookahead, 0, 0),
+                                          prec.flow_encoder)))
+            out.append(("setup", ShapeKey("cfm", (B, P, 0), prec.cfm)))
         for N in s.chunk_tokens:
             T = cfg.up_rate * (N - cfg.encoder.pre_lookahead)
             C = L = s.prompt_frames
@@ -109,6 +114,7 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
     """
     first_cat: dict[ShapeKey, str] = {}
     rank = {c: i for i, c in enumerate(profile.priority)}
+    rank = {c: rank.get(c, len(rank)) for c in {cat for cat, _ in stream_keys(cfg, profile)} | set(rank)}
     for cat, key in stream_keys(cfg, profile):
         if key not in first_cat or rank[cat] < rank[first_cat[key]]:
             first_cat[key] = cat

@@ -20,7 +20,7 @@ from runtime.units import DTYPES, SPECS, ShapeKey
 
 BACKENDS = ("onnxruntime", "aoti", "tensorrt")
 DEVICES = ("cpu", "cuda")
-CATEGORIES = ("first", "steady", "tail", "extra")
+CATEGORIES = ("first", "steady", "setup", "tail", "extra")
 BUNDLED = Path(__file__).resolve().parent.parent / "profiles"
 
 
@@ -43,6 +43,7 @@ class Schedule:
     tail_tokens: tuple[int, ...] = ()        # final-chunk lengths to build (else: eager)
     trim_conformer: bool = True              # MiniCPM-o trims the conformer cache too
     max_chunks: int = 8                      # chunks simulated per stream when planning
+    setup_keys: bool = True                  # build the prompt set-up's keys (encoder C=0, CFM L=0)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Profile:
     budget_bytes: int = 8 << 30
     schedule: Schedule = field(default_factory=Schedule)
     extra_keys: tuple[ShapeKey, ...] = ()
-    priority: tuple[str, ...] = ("steady", "first", "tail", "extra")
+    priority: tuple[str, ...] = ("steady", "first", "setup", "tail", "extra")
     workspace_bytes: int = 1 << 30           # TensorRT builder workspace limit
     source: str = ""                         # file it was read from
     digest: str = ""                         # sha256 of the file's canonical content
@@ -156,6 +157,8 @@ def parse_profile(data: dict, source: str = "<dict>") -> Profile:
         sk["tail_tokens"] = _int_list(w("schedule.tail_tokens"), s["tail_tokens"])
     if "trim_conformer" in s:
         sk["trim_conformer"] = _typed(w("schedule.trim_conformer"), s["trim_conformer"], bool)
+    if "setup_keys" in s:
+        sk["setup_keys"] = _typed(w("schedule.setup_keys"), s["setup_keys"], bool)
     if "max_chunks" in s:
         sk["max_chunks"] = _typed(w("schedule.max_chunks"), s["max_chunks"], int, positive=True)
     kw["schedule"] = Schedule(**sk)

@@ -2,7 +2,7 @@
 
     import runtime
     rt = runtime.load("artifacts/cpu")              # the model spec comes from the manifest
-    state = rt.setup(prompt_tokens, prompt_mel, spk) # once per voice (eager)
+    state = rt.setup(prompt_tokens, prompt_mel, spk) # once per voice (set-up keys or eager)
     pcm = rt.step(state, tokens)                     # per chunk, B streams at once
     pcm = rt.step(state, tail_tokens, last=True)
     rt.stats()                                       # hits / misses / failures per key

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from runtime.errors import C2WUserError, check_shape
-from runtime.units import DTYPE_NAMES, ShapeKey
+from runtime.units import DTYPE_NAMES, SPECS, ShapeKey
 
 KEEP_RECENT = 100     # frames kept after the prompt when a cache is trimmed
 
@@ -124,14 +124,16 @@ class StreamDriver:
     def _device(self):
         return next(self.model.flow.parameters()).device
 
-    # ------------------------------------------------------------------ prompt setup (eager)
+    # ------------------------------------------------------------------ prompt setup
     @torch.inference_mode()
     def setup(self, prompt_tokens: torch.Tensor, prompt_mel: torch.Tensor, spk: torch.Tensor,
               lookahead: torch.Tensor | None = None) -> StreamState:
         """prompt_tokens: (B, P/2) int; prompt_mel: (B, P, 80) float; spk: (B, 192) float.
 
         lookahead: (B, 3) tokens appended as the prompt's lookahead; upstream passes the prompt's
-        first 3 tokens, which is the default. Runs eagerly (once per voice).
+        first 3 tokens, which is the default. Runs the encoder over the prompt tokens with empty
+        caches (key C=0) and the CFM over the prompt frames with the prompt's mel as `cond` (key
+        L=0), through the runner like any chunk: engines where the directory has these keys.
         """
         cfg, dev = self.cfg, self._device()
         prompt_tokens = check_tokens(cfg, "prompt_tokens", prompt_tokens, None, 1)
@@ -141,21 +143,25 @@ class StreamDriver:
         spk = check_features("spk", spk, (B, cfg.spk_embed_dim))
         la = prompt_tokens[:, : cfg.encoder.pre_lookahead] if lookahead is None else lookahead
         tokens = torch.cat([prompt_tokens, la], 1).to(dev, torch.int64)
-        enc_dtype, cfm_dtype = self._dtype("flow_encoder"), self._dtype("cfm")
-        mu, ccnn, catt = self.model.flow.encode(tokens, None, None, last_chunk=False)
-        d = cfg.dit
-        est_cnn = torch.zeros(cfg.n_timesteps, d.depth, 2 * B, 2 * d.hidden, 2, device=dev, dtype=cfm_dtype)
-        est_att = torch.zeros(cfg.n_timesteps, d.depth, 2 * B, d.heads, 0, 2 * d.head_dim, device=dev, dtype=cfm_dtype)
+        key = self._key("flow_encoder", B, tokens.shape[1], 0, 0)
+        mu, ccnn, catt = self.runner.run(key, [tokens] + self._empty_caches(key, dev))
+        key = self._key("cfm", B, P, 0)
         spk = spk.to(dev, torch.float32)
         x0 = self.model.flow.noise[:, :, :P].expand(B, -1, -1).to(dev)
-        solver = self.model.flow.solver()
-        _, est_cnn, est_att = solver(mu.float(), spk, prompt_mel.to(dev, torch.float32).transpose(1, 2),
-                                     x0, est_cnn, est_att)
+        cond = prompt_mel.to(dev, torch.float32).transpose(1, 2)
+        _, est_cnn, est_att = self.runner.run(key, [mu, spk, cond, x0] + self._empty_caches(key, dev))
         gens = [torch.Generator(device=dev).manual_seed(self.seed) for _ in range(B)]
         empty = torch.zeros(B, 0, device=dev)
-        return StreamState(P, spk, ccnn.to(enc_dtype), catt.to(enc_dtype), est_cnn, est_att,
+        return StreamState(P, spk, ccnn, catt, est_cnn, est_att,
                            hift_mel=torch.zeros(B, cfg.mel_bins, 0, device=dev),
                            hift_source=torch.zeros(B, 1, 0, device=dev), hift_speech=empty, generators=gens)
+
+    def _empty_caches(self, key: ShapeKey, device) -> list[torch.Tensor]:
+        """The two cache inputs (cnn, att: the last two of the encoder's and the CFM's inputs) of
+        a set-up key: zeros, the attention cache with no frames (C or L = 0)."""
+        spec = SPECS[key.component]
+        shapes, dtypes = spec.input_shapes(self.cfg, key)[-2:], spec.input_dtypes(key)[-2:]
+        return [torch.zeros(shape, dtype=dt, device=device) for shape, dt in zip(shapes, dtypes)]
 
     # ------------------------------------------------------------------ one chunk
     @torch.inference_mode()
