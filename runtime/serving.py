@@ -10,14 +10,16 @@ Streams start, advance and end independently. A worker thread owns the chunks: i
 ready chunks whose three unit keys are equal (they follow from a stream's prompt length, cache
 lengths, chunk length and last flag), runs each group as one batch through the same driver and
 engine cache as `Runtime.step`, and resolves each stream's future with its own PCM. A second
-worker sets up new streams' prompts (eager, batched), so a new stream never holds up the others.
-Stream state lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
+worker sets up new streams' prompts (batched; engines for the set-up keys where built), so a new
+stream never holds up the others, and a prompt set up before (a voice) is copied, not set up
+again. Stream state lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
 
 Policies: groups are taken oldest-first (FIFO), so none starves. A group runs at once when it
 fills the largest batch the artifact directory has an engine for; a partial group waits only for
-streams that could join it: idle streams at the same position whose last result came less than
-`max_wait_ms` ago (in lockstep serving they are about to submit again), or any idle stream at the
-same position while its oldest chunk is younger than `max_wait_ms`. A lone stream never waits. A
+streams that could join it: idle streams at the same position whose last result came within a
+merge window (in lockstep serving they are about to submit again; the window is `max_wait_ms` or
+a quarter of the call about to run, whichever is longer), or any idle stream at the same position
+while its oldest chunk is younger than `max_wait_ms`. A lone stream never waits. A
 group is cut into engine calls by `plan_batches` (pad to a built batch size with inert rows, or
 split). A stream's output does not depend on its batch beyond rounding: rows are independent,
 and each stream draws its HiFT noise from its own generator. A batch that raises is retried
@@ -26,11 +28,13 @@ stream by stream, so only the faulty stream fails.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import itertools
 import math
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -39,8 +43,13 @@ import torch
 from runtime.errors import C2WUserError
 from runtime.slots import SlotPool
 from runtime.stream import as_tensor, check_features, check_tokens
+from runtime.units import EagerRunner
 
 DEFAULT_MAX_WAIT_MS = 2.0
+# Streams that just got their chunk back are about to submit the next one at the same position.
+# A partial group waits for them up to this fraction of the call it is about to make (at least
+# max_wait): a row that joins saves a whole later call, and a cohort that merged stays merged.
+MERGE_FRACTION = 0.25
 
 
 def engine_cost(batch: int) -> float:
@@ -89,6 +98,7 @@ class _Request:
     last: bool = False
     prompt_mel: torch.Tensor | None = None
     spk: torch.Tensor | None = None
+    voice: bytes = b""                     # digest of the prompt (set-up requests)
     t_submit: float = field(default_factory=time.monotonic)
 
 
@@ -124,44 +134,55 @@ class StreamHandle:
 class StreamServer:
     """Dynamic batching of independent streams over one Runtime (see the module docstring).
 
-    max_streams: slots preallocated on the device; `open_stream` beyond them raises
-    ServerFullError. max_prompt_frames: the longest prompt (mel frames) a stream may have; the
-    pools hold caches of that plus the 100 frames kept after trimming. max_wait_ms: how long a
-    partial batch may wait for streams that could join it (see the module docstring).
-    max_batch: the largest batch for groups with no engine (default: the largest batch size the
-    artifact directory has engines for, or 8). seed: each stream's HiFT noise seed unless
-    `open_stream` names one (the same default as `Runtime.step`'s).
+    max_streams: open streams at most; their slots are preallocated on the device and
+    `open_stream` beyond them raises ServerFullError. max_prompt_frames: the longest prompt (mel
+    frames) a stream may have; the pools hold caches of that plus the 100 frames kept after
+    trimming. max_wait_ms: how long a partial batch may wait for streams that could join it (see
+    the module docstring). max_batch: the largest batch for groups with no engine (default: the
+    largest batch size the artifact directory has engines for, or 8). voice_cache: prompts
+    (voices) whose set-up state is kept in slots of its own, least recently used first out: a
+    stream opened with a known prompt copies that state instead of being set up (0: off). seed:
+    each stream's HiFT noise seed unless `open_stream` names one (the same default as
+    `Runtime.step`'s).
     """
 
     def __init__(self, runtime, *, max_streams: int = 64, max_prompt_frames: int | None = None,
-                 max_wait_ms: float = DEFAULT_MAX_WAIT_MS, max_batch: int | None = None, seed: int = 0):
+                 max_wait_ms: float = DEFAULT_MAX_WAIT_MS, max_batch: int | None = None, voice_cache: int = 8,
+                 seed: int = 0):
         driver = runtime.driver
         if not driver.trim_conformer:
             raise C2WUserError("stream server", "a runtime that does not trim the conformer cache",
                                "trim_conformer=True", "Its cache would grow without bound; load with trim_conformer=True.")
+        if max_streams < 1 or voice_cache < 0:
+            raise C2WUserError("stream server", f"max_streams={max_streams}, voice_cache={voice_cache}",
+                               "max_streams >= 1 and voice_cache >= 0")
         self.runtime, self.driver, self.cache = runtime, driver, runtime.cache
         cfg = driver.cfg
         self.max_prompt_frames = int(max_prompt_frames or runtime.schedule.get("prompt_frames", 300))
+        self.max_streams, self.voice_cache = max_streams, voice_cache
         self.max_wait = max_wait_ms / 1000.0
         built = [k.dims[0] for k in self.cache.keys]
         self.max_batch = max_batch or max(built, default=8)
         self.seed = seed
         self.device = driver._device()
-        with torch.inference_mode():
-            n = cfg.encoder.pre_lookahead + 1                     # the shortest prompt setup takes
-            template = driver.setup(torch.zeros(1, n, dtype=torch.int64), torch.zeros(1, n * cfg.up_rate, cfg.mel_bins),
+        with torch.inference_mode():         # the pools' shapes and dtypes, from an eager toy set-up
+            n = cfg.encoder.pre_lookahead + 1
+            shaper = dataclasses.replace(driver, runner=EagerRunner(driver.model), _window={})
+            template = shaper.setup(torch.zeros(1, n, dtype=torch.int64), torch.zeros(1, n * cfg.up_rate, cfg.mel_bins),
                                     torch.zeros(1, cfg.spk_embed_dim))
-            self.pool = SlotPool(template, max_streams, self.max_prompt_frames, cfg.hift_mel_cache,
+            self.pool = SlotPool(template, max_streams + voice_cache, self.max_prompt_frames, cfg.hift_mel_cache,
                                  cfg.hift_source_cache)
         self._streams: dict[int, _Stream] = {}
+        self._voices: OrderedDict[bytes, tuple[int, dict]] = OrderedDict()   # digest -> (slot, lengths)
         self._ids = itertools.count()
         self._cv = threading.Condition()
         self._stopping = False
         self._counts = Counter()
         self._calls = Counter()            # (kind, batch size) -> calls
         self._built: dict[tuple, list[int]] = {}   # CFM (T, L) -> batch sizes with an engine
-        # Two lanes: chunks, and prompt set-ups (eager, ~10x a chunk on the GPU) so that a new
-        # stream's set-up never holds up the chunks of the streams already playing.
+        self._seconds: dict[tuple, float] = {}     # (group signature, batch size) -> last call's wall time
+        # Two lanes: chunks, and prompt set-ups, so that a new stream's set-up never holds up the
+        # chunks of the streams already playing.
         self._workers = [threading.Thread(target=self._loop, args=(lane,), name=f"c2w-serve-{lane}", daemon=True)
                          for lane in ("chunk", "setup")]
         for w in self._workers:
@@ -170,9 +191,10 @@ class StreamServer:
     # ------------------------------------------------------------------ client API (any thread)
     def open_stream(self, prompt_tokens, prompt_mel, spk, *, seed: int | None = None) -> StreamHandle:
         """prompt_tokens: (P/2,) or (1, P/2) ids; prompt_mel: (P, 80) or (1, P, 80); spk: (192,)
-        or (1, 192). The prompt is set up by the worker (batched with other new streams);
-        chunks may be submitted at once and run after it. Raises C2WUserError on bad input and
-        ServerFullError when every slot is taken."""
+        or (1, 192). A prompt the voice cache holds is copied into the stream's slot at once
+        (`ready` is already resolved); any other is set up by the worker (batched with other new
+        streams). Chunks may be submitted at once and run after it. Raises C2WUserError on bad
+        input and ServerFullError when max_streams streams are open."""
         cfg = self.driver.cfg
         tokens = check_tokens(cfg, "prompt_tokens", _row("prompt_tokens", prompt_tokens), 1, 1)
         P = tokens.shape[1] * cfg.up_rate
@@ -181,16 +203,31 @@ class StreamServer:
                                "Start the server with a larger max_prompt_frames.")
         mel = check_features("prompt_mel", _row("prompt_mel", prompt_mel), (1, P, cfg.mel_bins)).float()
         spk = check_features("spk", _row("spk", spk), (1, cfg.spk_embed_dim)).float()
+        tokens = tokens[0].to(torch.int64)
+        voice = voice_digest(tokens, mel, spk)
         fut: Future = Future()
         with self._cv:
             self._check_running()
-            slot = self.pool.acquire()
+            if len(self._streams) >= self.max_streams:
+                raise ServerFullError("stream server", f"{len(self._streams)} open streams",
+                                      f"at most max_streams={self.max_streams}",
+                                      "Close finished streams, retry later, or start the server with more max_streams.")
             gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
-            s = _Stream(next(self._ids), slot, P, gen)
-            s.queue.append(_Request("setup", fut, tokens[0].to(torch.int64), prompt_mel=mel, spk=spk))
+            s = _Stream(next(self._ids), self.pool.acquire(), P, gen)
             self._streams[s.id] = s
+            handle = StreamHandle(s.id, fut, s)
+            if voice in self._voices:
+                self._voices.move_to_end(voice)
+                src, s.lengths = self._voices[voice]
+                self.pool.copy(src, s.slot)
+                s.ready = True
+                self._counts["voice_hits"] += 1
+            else:
+                s.queue.append(_Request("setup", fut, tokens, prompt_mel=mel, spk=spk, voice=voice))
             self._cv.notify_all()
-        return StreamHandle(s.id, fut, s)
+        if s.ready:
+            fut.set_result(handle)
+        return handle
 
     def submit(self, handle: StreamHandle, tokens, last: bool = False) -> Future:
         """A future of this chunk's PCM: (samples,) float32 on the CPU. tokens: (N,) or (1, N) ids;
@@ -246,8 +283,8 @@ class StreamServer:
     def stats(self) -> dict:
         """Counters since start, the slot pool, and the engine cache's hits/misses per key."""
         with self._cv:
-            return {"open_streams": self.pool.in_use, "max_streams": self.pool.capacity,
-                    "pool_bytes": self.pool.nbytes, **dict(self._counts),
+            return {"open_streams": len(self._streams), "max_streams": self.max_streams,
+                    "voices": len(self._voices), "pool_bytes": self.pool.nbytes, **dict(self._counts),
                     "calls": {f"{kind} B={b}": n for (kind, b), n in sorted(self._calls.items())},
                     "units": self.cache.stats()}
 
@@ -299,20 +336,24 @@ class StreamServer:
         return ("chunk", r.tokens.shape[0], r.last) + s.state_signature()
 
     def _built_sizes(self, s: _Stream, r: _Request) -> list[int]:
-        """Batch sizes with a CFM engine for this chunk's exact (T, L)."""
+        """Batch sizes with a CFM engine for this request's exact (T, L): a chunk's, or for a
+        set-up the prompt's (T=P, L=0)."""
         cfg = self.driver.cfg
-        la = cfg.encoder.pre_lookahead
-        T = cfg.up_rate * (r.tokens.shape[0] - (0 if r.last else la))
-        L = s.lengths["estimator_att"]
+        if r.kind == "setup":
+            T, L = s.prompt_frames, 0
+        else:
+            T = cfg.up_rate * (r.tokens.shape[0] - (0 if r.last else cfg.encoder.pre_lookahead))
+            L = s.lengths["estimator_att"]
         if (T, L) not in self._built:          # the directory's keys do not change while serving
             self._built[(T, L)] = sorted({k.dims[0] for k in self.cache.keys
                                           if k.component == "cfm" and k.dims[1:] == (T, L)})
         return self._built[(T, L)]
 
-    def _wait_for_company(self, sig: tuple, rows: list, now: float) -> float:
-        """Seconds worth waiting before running a partial group: until the idle streams at the
-        same position whose last result came less than max_wait ago (they are about to submit
-        again) are past that window, and, while the group's oldest chunk is younger than
+    def _wait_for_company(self, sig: tuple, rows: list, target: int, now: float) -> float:
+        """Seconds worth waiting before running a partial group: for the idle streams at the same
+        position that got their last result recently (they are about to submit again) until the
+        merge window is past (max_wait, or MERGE_FRACTION of the last call of this group at
+        `target`, whichever is longer), and, while the group's oldest chunk is younger than
         max_wait, for any idle stream at the same position. 0: run now."""
         members = {id(s) for s, _ in rows}
         state = sig[3:]
@@ -321,7 +362,8 @@ class StreamServer:
                 and not s.closed and s.error is None and s.state_signature() == state]
         if not idle:
             return 0.0
-        fresh = max(s.idle_since for s in idle) + self.max_wait
+        window = max(self.max_wait, MERGE_FRACTION * self._seconds.get((sig, target), 0.0))
+        fresh = max(s.idle_since for s in idle) + window
         young = rows[0][1].t_submit + self.max_wait
         return max(fresh, young) - now
 
@@ -342,11 +384,11 @@ class StreamServer:
         timeout = None
         for sig, rows in sorted(groups.items(), key=lambda kv: min(r.t_submit for _, r in kv[1])):
             rows.sort(key=lambda sr: sr[1].t_submit)
-            if lane == "setup":
-                return rows[:self.max_batch], []
             built = self._built_sizes(*rows[0])
+            if lane == "setup":            # set-ups never wait: a new stream's first audio does
+                return rows[:self.max_batch], built
             target = max(built, default=self.max_batch)
-            wait = 0.0 if len(rows) >= target else self._wait_for_company(sig, rows, now)
+            wait = 0.0 if len(rows) >= target else self._wait_for_company(sig, rows, target, now)
             if wait <= 0:
                 return rows[:target], built
             timeout = wait if timeout is None else min(timeout, wait)
@@ -388,12 +430,10 @@ class StreamServer:
             outcomes: list[tuple[Future, object]] = []
             try:
                 with torch.inference_mode():
-                    if taken and taken[0][1].kind == "setup":
-                        self._guarded(taken, self._setup, outcomes)
-                    elif taken:
-                        for size, n in plan_batches(len(taken), built, max_eager=self.max_batch):
-                            part, taken = taken[:n], taken[n:]
-                            self._guarded(part, lambda p, size=size: self._chunk(p, size, size in built), outcomes)
+                    work = self._setup if taken and taken[0][1].kind == "setup" else self._chunk
+                    for size, n in plan_batches(len(taken), built, max_eager=self.max_batch):
+                        part, taken = taken[:n], taken[n:]
+                        self._guarded(part, lambda p, size=size: work(p, size, size in built), outcomes)
             finally:
                 with self._cv:                 # slots are free before any caller sees its result
                     now = time.monotonic()
@@ -436,17 +476,41 @@ class StreamServer:
             outcomes.extend((q.future, later) for q in s.queue)
             s.queue.clear()
 
-    def _setup(self, part: list) -> list:
-        tokens = torch.stack([r.tokens for _, r in part])
-        mel = torch.cat([r.prompt_mel for _, r in part])
-        spk = torch.cat([r.spk for _, r in part])
-        state = self.driver.setup(tokens, mel, spk)
-        lengths = self.pool.scatter([s.slot for s, _ in part], state)
+    def _setup(self, part: list, size: int, engine: bool) -> list:
+        """Set up the prompts of `part` as one batch of `size` rows (padding repeats the first
+        row), each distinct prompt once; streams with the same prompt get a copy, and the voice
+        cache keeps one."""
+        firsts: dict[bytes, tuple] = {}
+        for s, r in part:
+            firsts.setdefault(r.voice, (s, r))
+        rows = list(firsts.values())
+        size = size if engine else len(rows)
+        pad = [rows[0][1]] * (size - len(rows))
+        reqs = [r for _, r in rows] + pad
+        state = self.driver.setup(torch.stack([r.tokens for r in reqs]), torch.cat([r.prompt_mel for r in reqs]),
+                                  torch.cat([r.spk for r in reqs]))
+        lengths = self.pool.scatter([s.slot for s, _ in rows], state)
         with self._cv:
-            self._calls[("setup", len(part))] += 1
-        for s, _ in part:
-            s.lengths, s.ready = lengths, True
+            self._calls[("setup" if engine else "setup eager", size)] += 1
+            for s, r in part:
+                src = firsts[r.voice][0]
+                if src is not s:
+                    self.pool.copy(src.slot, s.slot)
+                s.lengths, s.ready = lengths, True
+            for voice, (s, _) in firsts.items():
+                self._keep_voice(voice, s.slot, lengths)
         return [(r.future, StreamHandle(s.id, r.future, s)) for s, r in part]
+
+    def _keep_voice(self, voice: bytes, slot: int, lengths: dict) -> None:
+        """Copy a freshly set-up prompt's state into the voice cache (under the lock)."""
+        if not self.voice_cache or voice in self._voices:
+            return
+        if len(self._voices) >= self.voice_cache:
+            _, (dst, _) = self._voices.popitem(last=False)      # least recently used
+        else:
+            dst = self.pool.acquire()
+        self.pool.copy(slot, dst)
+        self._voices[voice] = (dst, lengths)
 
     def _chunk(self, part: list, size: int, engine: bool) -> list:
         """Run `part` (equal signatures) as one batch of `size` rows, padding with copies of the
@@ -456,11 +520,14 @@ class StreamServer:
         slots = [s.slot for s, _ in part] + [s0.slot] * pad
         gens = [s.generator for s, _ in part] + [torch.Generator(device=self.device) for _ in range(pad)]
         tokens = torch.stack([r.tokens for _, r in part] + [r0.tokens] * pad)
+        t0 = time.monotonic()
+        sig = self._signature(s0, r0)
         state = self.pool.gather(slots, s0.lengths, s0.prompt_frames, gens)
         pcm = self.driver.step(state, tokens, last=r0.last)
         lengths = self.pool.scatter(slots[:n], state)
         pcm = pcm[:n].float().cpu()
         with self._cv:
+            self._seconds[(sig, size)] = time.monotonic() - t0
             self._calls[("engine" if engine else "eager", size)] += 1
             self._counts["chunks"] += n
             self._counts["padded_rows"] += pad
@@ -468,6 +535,16 @@ class StreamServer:
             s.lengths = lengths
             s.finished = r.last
         return [(r.future, pcm[i]) for i, (_, r) in enumerate(part)]
+
+
+def voice_digest(tokens: torch.Tensor, mel: torch.Tensor, spk: torch.Tensor) -> bytes:
+    """A prompt's identity for the voice cache: the bytes of its tokens, mel and speaker embedding."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in (tokens, mel, spk):
+        t = t.contiguous().cpu()
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.numpy().tobytes())
+    return h.digest()
 
 
 def _row(name: str, x) -> torch.Tensor:

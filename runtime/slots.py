@@ -10,6 +10,7 @@ largest length. Serving a batch of streams is then
 
 so nothing of stream-cache size is allocated per stream, a full server fails at `acquire()` with
 a clear error rather than out of memory, and a slot is reused as soon as its stream closes.
+`copy(src, dst)` duplicates a slot (the server keeps set-up prompts, voices, in slots of their own).
 The estimator caches stack the CFG halves on their batch axis ([conditional rows | unconditional
 rows], runtime.model.dit); their pools keep the halves on an axis of their own, so a gather of
 any set of slots is one `index_select` and the result reshapes to the 2B layout without a copy.
@@ -116,6 +117,14 @@ class SlotPool:
         with self._lock:
             if slot not in self._free:
                 self._free.append(slot)
+
+    @torch.inference_mode()
+    def copy(self, src: int, dst: int) -> None:
+        """Copy everything slot `src` holds into slot `dst` (a cached voice into a new stream)."""
+        for f in FIELDS:
+            pool = self.pools[f.name]
+            d = _pool_dim(f, f.batch_dim)
+            pool.select(d, dst).copy_(pool.select(d, src))
 
     @torch.inference_mode()
     def gather(self, slots: list[int], lengths: dict[str, int], prompt_frames: int,

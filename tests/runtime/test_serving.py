@@ -19,7 +19,7 @@ import runtime
 from runtime.errors import C2WUserError
 from runtime.serving import plan_batches
 from runtime.slots import ServerFullError
-from runtime.units import ShapeKey, rel_l2
+from runtime.units import EagerRunner, ShapeKey, rel_l2
 from tests.conftest import small_profile
 
 MEL_TOL = 1e-5     # per-chunk mel, batched vs alone (fp32): GEMM blocking differs by batch, ~5e-7
@@ -29,16 +29,18 @@ MEL_TOL = 1e-5     # per-chunk mel, batched vs alone (fp32): GEMM blocking diffe
 PCM_TOL = 5e-3
 STEADY_B3 = [ShapeKey("flow_encoder", (3, 28, 200, 0), "float32"), ShapeKey("cfm", (3, 50, 200), "float32"),
              ShapeKey("hift", (3, 58, 3840), "float32")]
+SETUP_B1 = [ShapeKey("flow_encoder", (1, 53, 0, 0), "float32"), ShapeKey("cfm", (1, 100, 0), "float32")]
 
 
 @pytest.fixture(scope="module")
 def serve_dir(ort_artifacts, tmp_path_factory):
-    """The session's B=1 artifacts (reused by the resumable export) plus B=3 steady keys."""
+    """The session's B=1 artifacts (reused by the resumable export) plus the B=1 prompt set-up
+    keys and B=3 steady keys."""
     from exporter.export import export_profile
     out = tmp_path_factory.mktemp("serve") / "cpu"
     shutil.copytree(ort_artifacts, out)
-    res = export_profile(dataclasses.replace(small_profile(), extra_keys=tuple(STEADY_B3)), out)
-    assert res.failed == 0 and res.built == 3, [e.error for e in res.manifest.entries if e.error]
+    res = export_profile(dataclasses.replace(small_profile(setup_keys=True), extra_keys=tuple(STEADY_B3)), out)
+    assert res.failed == 0 and res.built == 3 + len(SETUP_B1), [e.error for e in res.manifest.entries if e.error]
     return out
 
 
@@ -50,15 +52,16 @@ def rt(serve_dir):
 
 
 class MelRecorder:
-    """Wraps a runner; records each CFM call's mel per stream, streams told apart by their
-    (unique, bit-exactly gathered) speaker embedding. Padding rows repeat row 0 and are skipped."""
+    """Wraps a runner; records each chunk's CFM mel per stream, streams told apart by their
+    (unique, bit-exactly gathered) speaker embedding. Padding rows repeat row 0 and are skipped;
+    prompt set-ups (L=0) are not chunks and are not recorded."""
 
     def __init__(self, runner):
         self.runner, self.mels = runner, {}
 
     def run(self, key, inputs):
         out = self.runner.run(key, inputs)
-        if key.component == "cfm":
+        if key.component == "cfm" and key.dim("L") > 0:
             seen = set()
             for row, spk in enumerate(inputs[1]):
                 tag = spk[:4].tolist().__repr__()
@@ -163,6 +166,44 @@ def test_one_stream_served_alone_is_bit_exact(rt):
     want, _ = alone(rt, s)
     for a, b in zip(got, want):
         assert torch.equal(a, b.float().cpu())
+
+
+def test_prompt_set_up_runs_on_its_engines(rt):
+    """The set-up keys (encoder C=0, CFM L=0) are served by engines, and the state they leave
+    matches the eager set-up within the units' float32 tolerance."""
+    prompt, pmel, spk, _ = make_stream(rt.model.cfg, 98, 1)
+    before = {k.id: rt.stats()[k.component].get(k.id, {"hits": 0})["hits"] for k in SETUP_B1}
+    state = rt.setup(prompt[None], pmel[None], spk[None])
+    for k in SETUP_B1:
+        assert rt.stats()[k.component][k.id]["hits"] == before[k.id] + 1
+    eager = dataclasses.replace(rt.driver, runner=EagerRunner(rt.model), _window={})
+    want = eager.setup(prompt[None], pmel[None], spk[None])
+    for name in ("conformer_cnn", "conformer_att", "estimator_cnn", "estimator_att"):
+        got, ref = getattr(state, name), getattr(want, name)
+        assert got.shape == ref.shape and rel_l2(got, ref) <= 1e-4, name
+
+
+def test_voice_cache_reuses_a_prompts_set_up(rt):
+    """A stream opened with a prompt the server has set up before is ready at once and gets the
+    same audio as with its own set-up; the cache keeps the most recently used voices."""
+    cfg = rt.model.cfg
+    a, a2, b = make_stream(cfg, 900, 2), make_stream(cfg, 901, 2), make_stream(cfg, 902, 1)
+    a2 = a[:3] + a2[3:]                               # A's voice, other chunks
+    with rt.serve(max_streams=4, voice_cache=1) as srv:
+        srv.open_stream(*a[:3]).ready.result(timeout=120)
+        h = srv.open_stream(*a2[:3])
+        assert h.ready.done() and srv.stats()["voice_hits"] == 1
+        got = [srv.submit(h, t, last=last).result(timeout=120) for t, last in a2[3]]
+        srv.open_stream(*b[:3]).ready.result(timeout=120)              # evicts A (voice_cache=1)
+        srv.open_stream(*a[:3]).ready.result(timeout=120)              # set up again: no hit
+        assert srv.stats()["voice_hits"] == 1 and srv.stats()["voices"] == 1
+    want, _ = alone(rt, a2)
+    for x, y in zip(got, want):
+        assert torch.equal(x, y.float().cpu())
+    with rt.serve(max_streams=2, voice_cache=0) as srv:
+        srv.open_stream(*a[:3]).ready.result(timeout=120)
+        srv.open_stream(*a[:3]).ready.result(timeout=120)
+        assert srv.stats().get("voice_hits", 0) == 0 and srv.stats()["voices"] == 0
 
 
 def test_threads_each_driving_a_stream(rt):
