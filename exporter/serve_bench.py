@@ -87,7 +87,7 @@ def _client(server, ins, arrive_at: float, t_start: float, log: dict) -> None:
     time.sleep(max(0.0, t_start + arrive_at - time.perf_counter()))
     t_open = time.perf_counter()
     h = server.open_stream(*ins[:3])
-    h.ready.result()                            # the prompt is set up (eager, batched)
+    h.ready.result()                            # the prompt is set up (or copied from the voice cache)
     log["setup_ms"] = (time.perf_counter() - t_open) * 1e3
     for j, (tok, last) in enumerate(ins[3]):
         t0 = time.perf_counter()
@@ -101,7 +101,7 @@ def _client(server, ins, arrive_at: float, t_start: float, log: dict) -> None:
 
 
 def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: int, stagger_ms: float,
-              arrival: str, seed: int, check_streams: int) -> dict:
+              arrival: str, seed: int, check_streams: int, voices: int = 0) -> dict:
     cfg = rt.model.cfg
     rng = random.Random(seed + N)
     offsets, t = [], 0.0
@@ -109,6 +109,9 @@ def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: i
         offsets.append(t)
         t += (rng.expovariate(1.0 / stagger_ms) if arrival == "poisson" else stagger_ms) / 1e3
     ins = [session_inputs(cfg, seed * 1000 + N * 100 + i, P, chunk_tokens, steady_chunks) for i in range(N)]
+    if voices:                     # stream i speaks with voice i % voices: a prompt the server may know
+        prompts = [session_inputs(cfg, 77_000 + seed * 1000 + v, P, chunk_tokens, 0)[:3] for v in range(voices)]
+        ins = [prompts[i % voices] + x[3:] for i, x in enumerate(ins)]
     logs = [{"chunks": [], "pcm": []} for _ in range(N)]
     before_units, before_srv = rt.stats(), server.stats()
     t_start = time.perf_counter() + 0.05
@@ -162,7 +165,8 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
            "rtf": (_pct(steady, 0.5) / 1e3 / chunk_audio) if steady else None,
            "batches": calls, "engine_hit_rate": hits / max(1, hits + misses), "unit_calls": hits + misses,
            "pool_bytes": after_srv["pool_bytes"], "failed_chunks": after_srv.get("failed_chunks", 0)
-           - before_srv.get("failed_chunks", 0)}
+           - before_srv.get("failed_chunks", 0),
+           "voice_hits": after_srv.get("voice_hits", 0) - before_srv.get("voice_hits", 0)}
     row["solo_check"] = solo_check(rt, ins[:check_streams], [log["pcm"] for log in logs[:check_streams]])
     return row
 
@@ -179,7 +183,7 @@ def solo_check(rt, ins, served) -> dict:
 
 
 def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: int = 28, steady_chunks: int = 8,
-                  stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0,
+                  stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0, voices: int = 0,
                   check_streams: int = 2, reps: int = 10, seed: int = 0, save=lambda res: None) -> dict:
     import runtime
     from exporter.bench import _commit
@@ -189,7 +193,7 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
     res = {"artifact_dir": str(artifact_dir), "commit": _commit(), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "chunk_tokens": chunk_tokens, "steady_chunks": steady_chunks, "arrival": arrival,
-           "stagger_ms": stagger_ms, "max_wait_ms": max_wait_ms, "prompt_frames": P, "levels": []}
+           "stagger_ms": stagger_ms, "max_wait_ms": max_wait_ms, "voices": voices, "prompt_frames": P, "levels": []}
     largest = max(concurrency)
     cfg = rt.model.cfg
     steady = (cfg.up_rate * (chunk_tokens - cfg.encoder.pre_lookahead), P + 100)     # the steady CFM (T, L)
@@ -200,9 +204,12 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
     res["batch_reference"] = batch_ref
     save(res)
     with rt.serve(max_streams=largest, max_prompt_frames=P, max_wait_ms=max_wait_ms) as server:
+        res["pool_copy_ms"] = {f"B={b}": pool_copy_ms(server.pool, b, reps) for b in sorted({1, batch_ref})}
+        save(res)
         for N in concurrency:
             row = run_level(rt, server, N, P=P, chunk_tokens=chunk_tokens, steady_chunks=steady_chunks,
-                            stagger_ms=stagger_ms, arrival=arrival, seed=seed, check_streams=min(check_streams, N))
+                            stagger_ms=stagger_ms, arrival=arrival, seed=seed, check_streams=min(check_streams, N),
+                            voices=voices)
             res["levels"].append(row)
             save(res)
             print(f"  N={N}: ttfa p95 {row['ttfa_ms']['p95']:.1f} ms, steady p95 {row['steady_chunk_ms']['p95']:.1f} ms, "
@@ -212,27 +219,54 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
     return res
 
 
+def pool_copy_ms(pool, B: int, reps: int) -> dict:
+    """Wall ms of the server's per-batch state traffic at the steady cache lengths: a gather of B
+    slots into a batch and the scatter back (median over reps, the device synchronized)."""
+    dev = pool.pools["spk"].device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    slots = list(range(min(B, pool.capacity)))
+    gather, scatter = [], []
+    with torch.inference_mode():
+        for _ in range(reps + 1):
+            sync()
+            t0 = time.perf_counter()
+            state = pool.gather(slots, pool.limits, 0, [None] * len(slots))
+            sync()
+            t1 = time.perf_counter()
+            pool.scatter(slots, state)
+            sync()
+            gather.append((t1 - t0) * 1e3)
+            scatter.append((time.perf_counter() - t1) * 1e3)
+    state_bytes = sum(t.numel() * t.element_size() for t in vars(state).values() if isinstance(t, torch.Tensor))
+    return {"gather": _pct(gather[1:], 0.5), "scatter": _pct(scatter[1:], 0.5), "state_bytes": state_bytes}
+
+
 def to_markdown(res: dict) -> str:
     ref1, refb = res["direct_B1"], res.get(f"direct_B{res['batch_reference']}")
     lines = [f"# c2w serving benchmark ({res['device']}, commit {res['commit']}, torch {res['torch']})", "",
              f"{res['chunk_tokens']}-token chunks ({res['steady_chunks']} per stream after a 28-token first chunk, "
              f"then a {TAIL_TOKENS}-token final chunk), prompt {res['prompt_frames']} frames, arrivals "
-             f"{res['arrival']} every {res['stagger_ms']} ms, max wait {res['max_wait_ms']} ms.", "",
+             f"{res['arrival']} every {res['stagger_ms']} ms, max wait {res['max_wait_ms']} ms, "
+             + (f"{res['voices']} voices shared by the streams." if res.get("voices") else "a prompt of its own per stream."),
+             "",
              f"Direct `Runtime.step`, B=1: first chunk {ref1['first_ms']:.1f} ms, steady p50 "
              f"{ref1['steady_ms']['p50']:.1f} ms."]
     if refb:
         lines.append(f"Direct equal-shape batch B={refb['B']}: steady p50 {refb['steady_ms']['p50']:.1f} ms = "
                      f"{refb['steady_audio_s_per_s']:.0f} audio-s/s.")
+    for b, c in res.get("pool_copy_ms", {}).items():
+        lines.append(f"Slot pool at {b}, steady cache lengths: gather {c['gather']:.2f} ms + scatter {c['scatter']:.2f} ms "
+                     f"for {c['state_bytes'] / 2**20:.0f} MiB of stream state.")
     lines += ["", "| N | TTFA p50/p95/p99 ms | set-up p95 ms | first chunk p95 ms | steady p50/p95 ms | audio-s/s | steady audio-s/s "
-              "| RTF | engine hits | batches | pool MiB | lost/dup/wrong | solo rel-L2 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| RTF | engine hits | voice hits | batches | pool MiB | lost/dup/wrong | solo rel-L2 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in res["levels"]:
         t, s = r["ttfa_ms"], r["steady_chunk_ms"]
         lines.append(f"| {r['N']} | {f(t['p50'])}/{f(t['p95'])}/{f(t['p99'])} | {f(r['setup_ms']['p95'])} "
                      f"| {f(r['first_chunk_ms']['p95'])} "
                      f"| {f(s['p50'])}/{f(s['p95'])} | {f(r['audio_s_per_s'])} | {f(r['steady_audio_s_per_s'])} "
-                     f"| {f(r['rtf'], 3)} | {r['engine_hit_rate']:.2f} | "
+                     f"| {f(r['rtf'], 3)} | {r['engine_hit_rate']:.2f} | {r.get('voice_hits', 0)} | "
                      + ", ".join(f"{k}: {v}" for k, v in r["batches"].items())
                      + f" | {r['pool_bytes'] / 2**20:.0f} | {r['lost']}/{r['duplicated']}/{r['wrong_length']} "
                      f"| {r['solo_check']['worst_pcm_rel_l2']:.1e} |")

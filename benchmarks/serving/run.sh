@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The serving benchmark on the H200, in two device calls chained while the machine is warm:
-#   1. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh export   (build h200_serve.yaml, 14 shards)
-#   2. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh bench    (c2w bench --serve, 28 and 78 tokens; determinism)
+#   1. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh export   (build h200_serve.yaml in SHARDS shards)
+#   2. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh bench    (c2w bench --serve: 28 and 78 tokens, one
+#      shared voice; SDET=<seconds> adds determinism.py)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,6 +16,10 @@ case "${1:-}" in
       --chunk-tokens 28 --steady-chunks 8 --out "$OUT/serve28.json" 2>&1 | grep -v Warning | tail -30
     timeout ${S78:-200} python3 cli.py bench /tmp/art/all --serve --concurrency ${N78:-1,8,32,64} \
       --chunk-tokens 78 --steady-chunks 10 --out "$OUT/serve78.json" 2>&1 | grep -v Warning | tail -30
-    timeout ${SDET:-120} python3 benchmarks/serving/determinism.py /tmp/art/all --out "$OUT/determinism.json" 2>&1 | tail -12 ;;
+    # streams sharing one voice (a deployment's default speaker): set-ups come from the voice cache
+    [ "${SV:-120}" != 0 ] && timeout ${SV:-120} python3 cli.py bench /tmp/art/all --serve --concurrency ${NV:-1,8,32} \
+      --chunk-tokens 28 --steady-chunks 8 --voices 1 --out "$OUT/serve28_voice.json" 2>&1 | grep -v Warning | tail -20
+    [ "${SDET:-0}" != 0 ] && timeout $SDET python3 benchmarks/serving/determinism.py /tmp/art/all --out "$OUT/determinism.json" 2>&1 | tail -12
+    true ;;
   *) echo "usage: run.sh export|bench" >&2; exit 2 ;;
 esac
