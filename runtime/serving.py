@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.errors import C2WUserError
-from runtime.slots import SlotPool
+from runtime.slots import ServerFullError, SlotPool
 from runtime.stream import as_tensor, check_features, check_tokens
 from runtime.units import EagerRunner
 
@@ -68,8 +68,8 @@ def plan_batches(n: int, built: list[int], *, engine=engine_cost, eager=eager_co
                  max_eager: int | None = None) -> list[tuple[int, int]]:
     """Cheapest way to serve n rows: a list of (batch size run, rows served). An engine call at a
     built size s serves up to s rows (the rest are padding); an eager call serves exactly its
-    batch, at most `max_eager` rows. Minimum total cost by dynamic programming over n."""
-    max_eager = max_eager or n
+    batch, at most `max_eager` rows (0: no eager calls; `built` must then be non-empty). Minimum total cost by dynamic programming over n."""
+    max_eager = n if max_eager is None else max_eager
     best = [0.0] + [math.inf] * n
     choice: list[tuple[int, int]] = [(0, 0)] * (n + 1)
     for m in range(1, n + 1):
@@ -103,6 +103,15 @@ class _Request:
 
 
 @dataclass(eq=False)
+class _Resident:
+    """A batch's state left where its last call put it (the driver's output tensors), so that the
+    same streams running together again skip the gather and scatter. Row i belongs to rows[i]: a
+    stream, or None (a padding row, or a stream that has left)."""
+    state: object                          # runtime.stream.StreamState
+    rows: list
+
+
+@dataclass(eq=False)
 class _Stream:
     id: int
     slot: int
@@ -117,6 +126,7 @@ class _Stream:
     closed: bool = False
     error: BaseException | None = None
     idle_since: float = 0.0                      # when its last result was delivered
+    resident: _Resident | None = None            # its state is a row there, not in its slot
     released: Future = field(default_factory=Future)    # resolves when the slot is free again
 
     def state_signature(self) -> tuple:
@@ -181,6 +191,7 @@ class StreamServer:
         self._calls = Counter()            # (kind, batch size) -> calls
         self._built: dict[tuple, list[int]] = {}   # CFM (T, L) -> batch sizes with an engine
         self._seconds: dict[tuple, float] = {}     # (group signature, batch size) -> last call's wall time
+        self._residents: list[_Resident] = []
         # Two lanes: chunks, and prompt set-ups, so that a new stream's set-up never holds up the
         # chunks of the streams already playing.
         self._workers = [threading.Thread(target=self._loop, args=(lane,), name=f"c2w-serve-{lane}", daemon=True)
@@ -326,9 +337,29 @@ class StreamServer:
         return None
 
     def _retire(self, s: _Stream) -> None:
+        self._leave(s)
         if self._streams.pop(s.id, None) is not None:
             self.pool.release(s.slot)
             s.released.set_result(None)
+
+    def _leave(self, s: _Stream, flush: bool = False) -> None:
+        """Take `s` out of the resident batch it is in (under the lock); flush: first write its
+        row back into its slot."""
+        R = s.resident
+        if R is None:
+            return
+        i = R.rows.index(s)
+        if flush:
+            self.pool.scatter([s.slot], R.state, rows=[i])
+            self._counts["flushed_rows"] += 1
+        R.rows[i], s.resident = None, None
+        if not any(R.rows):
+            self._residents.remove(R)
+
+    def _lane(self, s: _Stream, r: _Request) -> str:
+        """Chunks and set-ups with an engine share the chunk lane (the GPU is one queue anyway);
+        eager set-ups get the set-up lane, so their host-bound Python never holds up a chunk."""
+        return "chunk" if r.kind == "chunk" or self._built_sizes(s, r) else "setup"
 
     def _signature(self, s: _Stream, r: _Request) -> tuple:
         if r.kind == "setup":
@@ -377,7 +408,7 @@ class StreamServer:
             if s.closed and not s.busy:
                 self._retire(s)
                 continue
-            if s.busy or not s.queue or s.error is not None or s.queue[0].kind != lane:
+            if s.busy or not s.queue or s.error is not None or self._lane(s, s.queue[0]) != lane:
                 continue
             r = s.queue[0]
             groups.setdefault(self._signature(s, r), []).append((s, r))
@@ -385,8 +416,8 @@ class StreamServer:
         for sig, rows in sorted(groups.items(), key=lambda kv: min(r.t_submit for _, r in kv[1])):
             rows.sort(key=lambda sr: sr[1].t_submit)
             built = self._built_sizes(*rows[0])
-            if lane == "setup":            # set-ups never wait: a new stream's first audio does
-                return rows[:self.max_batch], built
+            if rows[0][1].kind == "setup":     # set-ups never wait: a new stream's first audio does
+                return rows[:max(built, default=self.max_batch)], built
             target = max(built, default=self.max_batch)
             wait = 0.0 if len(rows) >= target else self._wait_for_company(sig, rows, target, now)
             if wait <= 0:
@@ -430,8 +461,11 @@ class StreamServer:
             outcomes: list[tuple[Future, object]] = []
             try:
                 with torch.inference_mode():
-                    work = self._setup if taken and taken[0][1].kind == "setup" else self._chunk
-                    for size, n in plan_batches(len(taken), built, max_eager=self.max_batch):
+                    setup = bool(taken) and taken[0][1].kind == "setup"
+                    work = self._setup if setup else self._chunk
+                    # an eager set-up costs ~50 engine set-ups (H200: ~270 ms against 5.6 ms)
+                    eager_rows = 0 if setup and built else self.max_batch
+                    for size, n in plan_batches(len(taken), built, max_eager=eager_rows):
                         part, taken = taken[:n], taken[n:]
                         self._guarded(part, lambda p, size=size: work(p, size, size in built), outcomes)
             finally:
@@ -513,28 +547,64 @@ class StreamServer:
         self._voices[voice] = (dst, lengths)
 
     def _chunk(self, part: list, size: int, engine: bool) -> list:
-        """Run `part` (equal signatures) as one batch of `size` rows, padding with copies of the
-        first row whose results are dropped (their noise comes from throwaway generators)."""
+        """Run `part` (equal signatures) as one batch of `size` rows. If the streams all sit in
+        one resident batch of that size, run it in place (streams of it not in `part` are written
+        back to their slots first and their rows become padding); otherwise write any resident
+        rows of `part` back, gather the slots, and pad with copies of the first row. Padding
+        results are dropped (their noise comes from throwaway generators). The batch's output
+        state stays resident for the next call."""
         n, (s0, r0) = len(part), part[0]
-        pad = max(size - n, 0)
-        slots = [s.slot for s, _ in part] + [s0.slot] * pad
-        gens = [s.generator for s, _ in part] + [torch.Generator(device=self.device) for _ in range(pad)]
-        tokens = torch.stack([r.tokens for _, r in part] + [r0.tokens] * pad)
         t0 = time.monotonic()
         sig = self._signature(s0, r0)
-        state = self.pool.gather(slots, s0.lengths, s0.prompt_frames, gens)
+        with self._cv:                        # flushes write slots that close() may free: locked
+            R = s0.resident
+            in_place = R is not None and len(R.rows) == size and all(s.resident is R for s, _ in part)
+            members = {id(s) for s, _ in part}
+            for s in ([o for o in R.rows if o is not None and id(o) not in members] if in_place
+                      else [s for s, _ in part]):
+                self._leave(s, flush=True)
+            row_of = [R.rows.index(s) for s, _ in part] if in_place else list(range(n))
+        gens = [torch.Generator(device=self.device) for _ in range(size)]
+        tokens = [r0.tokens] * size
+        for (s, r), i in zip(part, row_of):
+            gens[i], tokens[i] = s.generator, r.tokens
+        tokens = torch.stack(tokens)
+        if in_place:      # a shallow copy: the step replaces the state's tensors, never writes into them
+            state = dataclasses.replace(R.state, generators=gens)
+        else:
+            slots = [s.slot for s, _ in part] + [s0.slot] * (size - n)
+            state = self.pool.gather(slots, s0.lengths, s0.prompt_frames, gens)
         pcm = self.driver.step(state, tokens, last=r0.last)
-        lengths = self.pool.scatter(slots[:n], state)
-        pcm = pcm[:n].float().cpu()
+        lengths = self.pool.lengths(state)
+        pcm = pcm[row_of].float().cpu()
         with self._cv:
+            if in_place:
+                R.state = state
+                self._residents.remove(R)             # most recently used last
+                self._residents.append(R)
+            else:
+                R = _Resident(state, [s for s, _ in part] + [None] * (size - n))
+                self._residents.append(R)
+                for s, _ in part:
+                    s.resident = R
+            for s, r in part:
+                s.lengths, s.finished = lengths, r.last
+                if r.last:
+                    self._leave(s)
+            self._trim_residents()
             self._seconds[(sig, size)] = time.monotonic() - t0
             self._calls[("engine" if engine else "eager", size)] += 1
             self._counts["chunks"] += n
-            self._counts["padded_rows"] += pad
-        for s, r in part:
-            s.lengths = lengths
-            s.finished = r.last
+            self._counts["padded_rows"] += size - n
+            self._counts["in_place_calls"] += in_place
         return [(r.future, pcm[i]) for i, (_, r) in enumerate(part)]
+
+    def _trim_residents(self) -> None:
+        """Resident batches hold device memory beside the slots: at most max_streams + max_batch
+        rows in all; the oldest are written back to their slots first (under the lock)."""
+        while sum(len(R.rows) for R in self._residents) > self.max_streams + self.max_batch:
+            for s in [o for o in self._residents[0].rows if o is not None]:
+                self._leave(s, flush=True)
 
 
 def voice_digest(tokens: torch.Tensor, mel: torch.Tensor, spk: torch.Tensor) -> bytes:

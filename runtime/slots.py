@@ -143,30 +143,36 @@ class SlotPool:
             out[f.name] = t
         return StreamState(prompt_frames=prompt_frames, generators=list(generators), **out)
 
+    def lengths(self, state: StreamState) -> dict[str, int]:
+        """The size of each growing field of `state`; refuses one its slots cannot hold."""
+        out = {}
+        for f in FIELDS:
+            if f.length_dim is None:
+                continue
+            size = getattr(state, f.name).shape[f.length_dim]
+            if size > self.limits[f.name]:
+                raise C2WUserError(f"stream cache '{f.name}'", f"{size} frames",
+                                   f"at most {self.limits[f.name]} (the server's max_prompt_frames + "
+                                   f"{KEEP_RECENT})", "Serve streams whose caches are trimmed.")
+            out[f.name] = size
+        return out
+
     @torch.inference_mode()
-    def scatter(self, slots: list[int], state: StreamState) -> dict[str, int]:
-        """Write the first len(slots) rows of `state` back into `slots`; returns the new lengths.
-        Rows beyond len(slots) (padding) are dropped. Every length is checked before anything is
+    def scatter(self, slots: list[int], state: StreamState, rows: list[int] | None = None) -> dict[str, int]:
+        """Write rows `rows` of `state` (default: the first len(slots)) into `slots`; returns the
+        new lengths. Other rows (padding) are dropped. Every length is checked before anything is
         written, so a refused state leaves the slots as they were."""
-        n = len(slots)
+        lengths = self.lengths(state)
         idx = self._index(slots)
-        writes, lengths = [], {}
+        pick = None if rows is None else self._index(rows)
         for f in FIELDS:
             t = getattr(state, f.name)
             if f.halves:
                 t = t.unflatten(f.batch_dim, (2, t.shape[f.batch_dim] // 2))
-            t = t.narrow(_pool_dim(f, f.batch_dim), 0, n)
+            d = _pool_dim(f, f.batch_dim)
+            t = t.narrow(d, 0, len(slots)) if pick is None else t.index_select(d, pick)
             pool = self.pools[f.name]
             if f.length_dim is not None:
-                d = _pool_dim(f, f.length_dim)
-                size = t.shape[d]
-                if size > self.limits[f.name]:
-                    raise C2WUserError(f"stream cache '{f.name}'", f"{size} frames",
-                                       f"at most {self.limits[f.name]} (the server's max_prompt_frames + "
-                                       f"{KEEP_RECENT})", "Serve streams whose caches are trimmed.")
-                pool = pool.narrow(d, 0, size)
-                lengths[f.name] = size
-            writes.append((pool, _pool_dim(f, f.batch_dim), t))
-        for pool, dim, t in writes:
-            pool.index_copy_(dim, idx, t)
+                pool = pool.narrow(_pool_dim(f, f.length_dim), 0, lengths[f.name])
+            pool.index_copy_(d, idx, t)
         return lengths
