@@ -166,7 +166,7 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
            "batches": calls, "engine_hit_rate": hits / max(1, hits + misses), "unit_calls": hits + misses,
            "pool_bytes": after_srv["pool_bytes"], "failed_chunks": after_srv.get("failed_chunks", 0)
            - before_srv.get("failed_chunks", 0),
-           "voice_hits": after_srv.get("voice_hits", 0) - before_srv.get("voice_hits", 0)}
+           **{k: after_srv.get(k, 0) - before_srv.get(k, 0) for k in ("voice_hits", "in_place_calls", "flushed_rows")}}
     row["solo_check"] = solo_check(rt, ins[:check_streams], [log["pcm"] for log in logs[:check_streams]])
     return row
 

@@ -206,6 +206,29 @@ def test_voice_cache_reuses_a_prompts_set_up(rt):
         assert srv.stats().get("voice_hits", 0) == 0 and srv.stats()["voices"] == 0
 
 
+def test_resident_batches_run_in_place_and_hand_streams_back(rt, recorded):
+    """Two streams in lockstep run their batch in place (no gather or scatter); when one skips a
+    round and later rejoins, rows are written back to the slots and gathered again. Every
+    chunk still matches the stream served alone."""
+    cfg = rt.model.cfg
+    a, b = make_stream(cfg, 950, 5), make_stream(cfg, 951, 4)      # 6 and 5 chunks, the last marked
+    got = {0: [], 1: []}
+    with rt.serve(max_streams=2, max_wait_ms=50) as srv:
+        ha, hb = srv.open_stream(*a[:3]), srv.open_stream(*b[:3])
+        for c in range(6):                                           # b sits out round 3
+            pairs = [(0, ha, a[3][c])] + ([] if c == 3 else [(1, hb, b[3][c if c < 3 else c - 1])])
+            futs = srv.submit_many([(h, t, last) for _, h, (t, last) in pairs])
+            for (i, _, _), f in zip(pairs, futs):
+                got[i].append(f.result(timeout=120))
+        stats = srv.stats()
+    assert stats["in_place_calls"] >= 2 and stats["flushed_rows"] >= 2, stats
+    for i, s in enumerate((a, b)):
+        pcm, mel = alone(rt, s)
+        assert len(got[i]) == len(pcm) == len(recorded.mels[tag_of(s)])
+        assert all(rel_l2(x, y) <= MEL_TOL for x, y in zip(recorded.mels[tag_of(s)], mel))
+        assert all(x.shape == y.shape and rel_l2(x, y) <= PCM_TOL for x, y in zip(got[i], pcm))
+
+
 def test_threads_each_driving_a_stream(rt):
     cfg = rt.model.cfg
     streams = [make_stream(cfg, 200 + i, 1) for i in range(4)]
