@@ -21,10 +21,14 @@ import torch
 from runtime.engines.base import ArtifactInfo, Backend, Engine
 from runtime.errors import C2WUserError, MissingBackendError, check_shape
 
-INSTALL_LINE = 'pip install --extra-index-url https://pypi.nvidia.com "tensorrt>=10.12"'
-SUPPORTED_VERSIONS = "10.12+ or 11.x"
+# The TensorRT releases c2w is written for (build, load and the compatibility check's operator
+# data): the one place that says so. pyproject.toml's `trt` extra repeats the floor (a test
+# keeps the two equal).
 MIN_VERSION = (10, 12)
 MAX_MAJOR = 11
+FLOOR = f"{MIN_VERSION[0]}.{MIN_VERSION[1]}"
+SUPPORTED_VERSIONS = f"{FLOOR}+ or {MAX_MAJOR}.x"
+INSTALL_LINE = f'pip install --extra-index-url https://pypi.nvidia.com "tensorrt>={FLOOR}"'
 ALIGNMENT = 256          # TensorRT's documented alignment for device memory and I/O addresses
 
 # TensorRT DataType member name -> torch dtype. INT4/FP4/E8M0 have no torch storage type, so an
