@@ -21,6 +21,7 @@ import exporter.export as ex
 from exporter.backends import get_builder
 from exporter.export import ExportInterrupted, artifact_groups, export_profile
 from exporter.plan import make_plan, precision_weights
+from runtime.engines.base import Engine
 from runtime.engines.tensorrt import TensorRTBackend
 from runtime.manifest import read_manifest
 from runtime.model.weights import load_model
@@ -29,7 +30,7 @@ from tests.conftest import small_profile
 VERSION = "10.12.0"
 
 
-class _OnnxStandIn:
+class _OnnxStandIn(Engine):
     """Runs the plan's ONNX graph in ONNX Runtime after checking that the key's shapes are the
     plan's profile `profile_index`; `corrupt`: returns wrong outputs."""
 
@@ -41,7 +42,7 @@ class _OnnxStandIn:
         self.info, self.corrupt = info, corrupt
         self.session = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"])
 
-    def run(self, inputs):
+    def run_impl(self, inputs):
         feed = {n: t.numpy() for n, t in zip(self.info.input_names, inputs)}
         outs = [torch.from_numpy(np.ascontiguousarray(o)) for o in self.session.run(None, feed)]
         return [o + 1 for o in outs] if self.corrupt else outs
