@@ -144,8 +144,8 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
                   console=console, transient=True) as bar:
         task = bar.add_task(f"export {p.name} ({p.backend})", total=None)
 
-        def progress(key_id: str, i: int, n: int):
-            bar.update(task, total=n, completed=i, description=f"building {key_id}")
+        def progress(doing: str, i: int, n: int):
+            bar.update(task, total=n, completed=i, description=doing)
         try:
             res = export_profile(p, out, dry_run=dry_run, shard=_parse_shard(shard), on_progress=progress)
         except ExportInterrupted as e:

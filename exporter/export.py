@@ -88,8 +88,9 @@ def _in_shard(i: int, shard: tuple[int, int]) -> bool:
 def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, shard: tuple[int, int] = (1, 1),
                    on_progress: Callable[[str, int, int], None] | None = None) -> ExportResult:
     """Export every selected key of `profile` into `out_dir` (see the module docstring); with
-    `dry_run`, plan (on the CPU) and run the builder's checks only. Disk full, read-only or
-    forbidden directory: C2WUserError; what was built stays listed."""
+    `dry_run`, plan (on the CPU) and run the builder's checks only. `on_progress(doing, i, n)`
+    is called before the i-th of n artifacts. Disk full, read-only or forbidden directory:
+    C2WUserError; what was built stays listed."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise C2WUserError("--out", f"'{out_dir}' (an existing file)", "a directory, existing or new",
@@ -119,7 +120,7 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
     if dry_run:
         for i, name, pks in mine:
             if on_progress:
-                on_progress(name, i, len(groups))
+                on_progress(f"checking {name}", i, len(groups))
             run.check(name, pks)
         return run.result
     if (out_dir / "manifest.json").is_file():
@@ -131,7 +132,7 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
     try:
         for i, name, pks in todo:
             if on_progress:
-                on_progress(name, i, len(groups))
+                on_progress(f"building {name}", i, len(groups))
             run.build(name, pks, units[name])
     except KeyboardInterrupt:
         write_manifest(out_dir, run.manifest)

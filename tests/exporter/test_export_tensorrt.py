@@ -131,3 +131,13 @@ def test_tensorrt_export_fails_per_key_resumes_and_rebuilds_only_what_changed(tm
     res = export_profile(_profile(), out)
     assert (res.built, res.reused, res.failed) == (4, 4, 0)
     assert {e.status for e in read_manifest(out).entries} == {"built"}
+
+
+def test_dry_run_exports_and_checks_the_graphs_of_its_shard_without_tensorrt(tmp_path):
+    groups = [name for name, _ in _groups(_profile())]
+    res = export_profile(_profile(), tmp_path, dry_run=True, shard=(3, 4))        # one group: a HiFT graph
+    assert res.manifest.backend["version"] == ex.DRY_RUN_VERSION and res.built == 0
+    assert not [f for f in res.findings if f.severity == "error"]
+    assert {f.message.split(":")[0] for f in res.findings} == {groups[2]}
+    assert sorted(p.name for p in (tmp_path / "tensorrt" / "onnx").glob("*.onnx")) == [f"{groups[2]}.onnx"]
+    assert not (tmp_path / "manifest.json").exists()
