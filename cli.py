@@ -144,8 +144,8 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
                   console=console, transient=True) as bar:
         task = bar.add_task(f"export {p.name} ({p.backend})", total=None)
 
-        def progress(key_id: str, i: int, n: int):
-            bar.update(task, total=n, completed=i, description=f"building {key_id}")
+        def progress(doing: str, i: int, n: int):
+            bar.update(task, total=n, completed=i, description=doing)
         try:
             res = export_profile(p, out, dry_run=dry_run, shard=_parse_shard(shard), on_progress=progress)
         except ExportInterrupted as e:
@@ -186,12 +186,13 @@ def report(out: Path = typer.Argument(..., help="artifact directory"),
 def verify(out: Path = typer.Argument(..., help="artifact directory"),
            device: Optional[str] = typer.Option(None, help="cpu or cuda (default: the manifest's)")):
     """Re-run parity of every built artifact against eager; exit 1 on any failure."""
-    from exporter.export import verify_directory
+    from exporter.verify import verify_directory
+    from runtime.manifest import Status
     _, checked = verify_directory(out, device)
     bad = 0
     for e in checked:
         worst = max(e.parity.get("rel_l2", {"-": float("nan")}).values()) if e.parity else float("nan")
-        ok = e.status == "built"
+        ok = e.status == Status.BUILT
         bad += not ok
         console.print(f"{'ok  ' if ok else 'FAIL'} {e.id}  worst rel-L2 {worst:.2e} (tol {e.parity.get('tol', '-')})"
                       + ("" if ok else f"  {e.error}"), highlight=False, markup=False)
@@ -205,8 +206,9 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
           shards: list[Path] = typer.Argument(..., help="artifact directories of `c2w export --shard K/N` jobs")):
     """Combine the artifact directories of sharded export jobs into one."""
     from exporter.merge import merge_dirs
+    from runtime.manifest import Status
     m = merge_dirs(out, shards)
-    n = sum(e.status == "built" for e in m.entries)
+    n = sum(e.status == Status.BUILT for e in m.entries)
     console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}")
 
 

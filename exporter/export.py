@@ -1,8 +1,15 @@
-"""`c2w export`: plan the sweep, build one artifact per selected key, verify it, write the manifest.
+"""`c2w export`: plan the sweep, build the selected keys' artifacts, verify each, write the manifest.
 
-Resumable: the manifest is rewritten atomically after every key, and an entry whose identity
-(model digest, key, backend + version, torch, device, precision) is unchanged and whose artifact
-is intact is kept without rebuilding. Fail closed: an artifact that fails parity is `failed`.
+One loop for every backend; a backend's builder only builds (exporter/backends/base.py):
+- the selected keys are grouped by the artifact they share (one per key; TensorRT: one plan per
+  graph variant), and the shard K/N builds every N-th group;
+- resumable: from the first build on, the manifest names every planned key (unbuilt ones as
+  `pending`) and is rewritten atomically after every group; a group whose keys are all `built`
+  with an unchanged identity (model digest, key, backend + version, torch, device, precision,
+  build options, weights layout, the keys sharing the artifact) and whose artifact is intact is
+  kept without rebuilding;
+- fail closed: an artifact that fails parity against eager is `failed`; a build that raises fails
+  the keys of its group, and the export goes on with the next group.
 """
 from __future__ import annotations
 
@@ -16,17 +23,20 @@ from typing import Callable
 
 import torch
 
-from exporter.plan import Plan, make_plan, precision_weights, require_selection
+from exporter.backends import Builder, BuildJob, get_builder
+from exporter.plan import Plan, PlannedKey, make_plan, precision_weights, require_selection
 from exporter.profile import Profile
-from runtime.engines import get_backend
 from runtime.errors import WRITE_ERRNOS, C2WUserError, write_error
-from runtime.manifest import (Entry, ForeignManifestError, Manifest, entry_identity, file_problem, file_record,
-                              file_sha256, read_manifest, write_manifest)
-from runtime.model.weights import Code2Wav, load_model
-from runtime.units import SPECS, ShapeKey, dtype_of
-from runtime.verify import check_entry, device_name, unit_weights, weights_layout
+from runtime.manifest import (Entry, ForeignManifestError, Manifest, Status, entry_identity, file_problem,
+                              file_record, file_sha256, read_manifest, write_manifest)
+from runtime.model.weights import Code2Wav
+from runtime.precision import load_at_precision, set_tf32
+from runtime.units import SPECS
+from runtime.verify import check_entry, device_name, weights_layout
 
 log = logging.getLogger("c2w.export")
+
+DRY_RUN_VERSION = "dry-run"      # a dry run records no backend version (TensorRT need not be installed)
 
 
 @dataclass
@@ -37,39 +47,11 @@ class ExportResult:
     built: int = 0
     reused: int = 0
     failed: int = 0
-    findings: list = field(default_factory=list)     # TensorRT compatibility findings (dry run)
+    findings: list = field(default_factory=list)     # TensorRT compatibility findings
 
     @property
     def exit_code(self) -> int:
         return 1 if self.failed else 0
-
-
-def prepare_model(profile: Profile) -> tuple[Code2Wav, torch.device]:
-    device = torch.device(profile.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise C2WUserError(f"profile {profile.source}: 'device'", "'cuda'", "a machine with a CUDA GPU",
-                           "Use profiles/cpu.yaml on a CPU-only machine.")
-    torch.backends.cuda.matmul.allow_tf32 = profile.precision.tf32
-    torch.backends.cudnn.allow_tf32 = profile.precision.tf32
-    model = load_model(profile.model)
-    prec = {c: dtype_of(profile.precision.dtype(c)) for c in SPECS}
-    model.to(device, prec)
-    return model, device
-
-
-def _in_shard(i: int, shard: tuple[int, int]) -> bool:
-    k, n = shard
-    return i % n == k - 1
-
-
-def _artifact_ok(out_dir: Path, e: Entry) -> bool:
-    return bool(e.artifact) and file_problem(out_dir, e.artifact, e.artifact_bytes, e.artifact_sha256) is None
-
-
-def _record_shared(manifest: Manifest, out_dir: Path, e: Entry, known: dict) -> None:
-    """List the shared files `e` reads (ONNX weights) in the manifest, so verify can check them."""
-    for rel in e.extra.get("weights_files", []):
-        manifest.shared[rel] = known.get(rel) or file_record(out_dir, rel)
 
 
 class ExportInterrupted(KeyboardInterrupt):
@@ -80,10 +62,35 @@ class ExportInterrupted(KeyboardInterrupt):
         self.built, self.planned = built, planned
 
 
+def prepare_model(profile: Profile) -> tuple[Code2Wav, torch.device]:
+    """The profile's model on its device at its precision (TF32 set as it says)."""
+    device = torch.device(profile.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise C2WUserError(f"profile {profile.source}: 'device'", "'cuda'", "a machine with a CUDA GPU",
+                           "Use profiles/cpu.yaml on a CPU-only machine.")
+    set_tf32(profile.precision.tf32, f"profile {profile.name}: precision.tf32")
+    return load_at_precision(profile.model, device, dataclasses.asdict(profile.precision)), device
+
+
+def artifact_groups(builder: Builder, plan: Plan) -> list[tuple[str, list[PlannedKey]]]:
+    """The selected keys grouped by the artifact they share, groups and keys in plan order."""
+    groups: dict[str, list[PlannedKey]] = {}
+    for pk in plan.selected:
+        groups.setdefault(builder.artifact_group(pk.key), []).append(pk)
+    return list(groups.items())
+
+
+def _in_shard(i: int, shard: tuple[int, int]) -> bool:
+    k, n = shard
+    return i % n == k - 1
+
+
 def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, shard: tuple[int, int] = (1, 1),
                    on_progress: Callable[[str, int, int], None] | None = None) -> ExportResult:
-    """Export every selected key of `profile` into `out_dir` (see the module docstring).
-    Disk full, read-only or forbidden directory: C2WUserError; what was built stays listed."""
+    """Export every selected key of `profile` into `out_dir` (see the module docstring); with
+    `dry_run`, plan (on the CPU) and run the builder's checks only. `on_progress(doing, i, n)`
+    is called before the i-th of n artifacts. Disk full, read-only or forbidden directory:
+    C2WUserError; what was built stays listed."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise C2WUserError("--out", f"'{out_dir}' (an existing file)", "a directory, existing or new",
@@ -100,90 +107,182 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
 
 def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, int],
             on_progress: Callable[[str, int, int], None] | None) -> ExportResult:
-    backend = get_backend(profile.backend)
-    if profile.backend == "tensorrt":
-        from exporter.trt_export import export_tensorrt
-        return export_tensorrt(profile, out_dir, dry_run=dry_run, shard=shard, on_progress=on_progress)
-    backend.require()
-    model, device = prepare_model(profile)
+    builder = get_builder(profile.backend)
+    if not dry_run:
+        builder.backend.require()           # fail fast, before minutes of export
+    model, device = prepare_model(dataclasses.replace(profile, device="cpu") if dry_run else profile)
     plan = make_plan(model.cfg, profile, precision_weights(model, profile), shares_weights=True)
     require_selection(plan, profile.source)
-    manifest = new_manifest(profile, model, backend, device, plan)
-    result = ExportResult(out_dir, manifest, plan)
+    version = DRY_RUN_VERSION if dry_run else builder.backend.version()
+    run = _Run(profile, out_dir, builder, model, device, new_manifest(profile, model, version, device, plan), plan)
+    groups = artifact_groups(builder, plan)
+    mine = [(i, name, pks) for i, (name, pks) in enumerate(groups) if _in_shard(i, shard)]
     if dry_run:
-        return result
-    previous, known = {}, {}
+        for i, name, pks in mine:
+            if on_progress:
+                on_progress(f"checking {name}", i, len(groups))
+            run.check(name, pks)
+        return run.result
     if (out_dir / "manifest.json").is_file():
+        run.read_previous()
+    units = {name: run.identify(pks) for name, pks in groups}      # each key's unit, built once
+    kept = {name for name, pks in groups if run.reuse(pks)}         # any shard's: the directory may be shared
+    todo = [(i, name, pks) for i, name, pks in mine if name not in kept]
+    (out_dir / profile.backend).mkdir(parents=True, exist_ok=True)
+    try:
+        for i, name, pks in todo:
+            if on_progress:
+                on_progress(f"building {name}", i, len(groups))
+            run.build(name, pks, units[name])
+    except KeyboardInterrupt:
+        write_manifest(out_dir, run.manifest)
+        ids = {pk.key.id for _, _, pks in mine for pk in pks}
+        built = sum(e.status == Status.BUILT and e.id in ids for e in run.manifest.entries)
+        raise ExportInterrupted(built, len(ids)) from None
+    write_manifest(out_dir, run.manifest)
+    return run.result
+
+
+class _Run:
+    """One export into one directory: what its per-group steps share."""
+
+    def __init__(self, profile: Profile, out_dir: Path, builder: Builder, model: Code2Wav, device: torch.device,
+                 manifest: Manifest, plan: Plan):
+        self.profile, self.out_dir, self.builder, self.model, self.device = profile, out_dir, builder, model, device
+        self.manifest = manifest
+        self.build_options = builder.build_options(profile)
+        self.result = ExportResult(out_dir, manifest, plan)
+        manifest.entries = [entry_for(pk, Status.PENDING if pk.selected else Status.SKIPPED_BUDGET)
+                            for pk in plan.entries]
+        self._position = {e.id: i for i, e in enumerate(manifest.entries)}
+        self.previous: dict[str, Entry] = {}
+        self.known_shared: dict[str, dict] = {}
+
+    def entry(self, key_id: str) -> Entry:
+        return self.manifest.entries[self._position[key_id]]
+
+    def read_previous(self) -> None:
         try:        # an unreadable manifest is an error: it may not be c2w's directory at all
-            old_manifest = read_manifest(out_dir)
-            previous, known = old_manifest.by_id(), old_manifest.shared
+            old = read_manifest(self.out_dir)
+            self.previous, self.known_shared = old.by_id(), old.shared
         except ForeignManifestError as e:
             log.warning("ignoring the existing manifest: %s", e)
-    (out_dir / profile.backend).mkdir(parents=True, exist_ok=True)
-    todo = {pk.key: i for i, pk in enumerate(plan.selected)}          # shard assignment order
-    build_options = None
-    if profile.backend == "aoti":
-        from exporter.backends.aoti import inductor_overrides
-        build_options = inductor_overrides()
-    mine = [pk for pk in plan.selected if _in_shard(todo[pk.key], shard)]
+
+    def units(self, pks: list[PlannedKey]) -> list[torch.nn.Module]:
+        return [SPECS[pk.key.component].build(self.model, pk.key).eval() for pk in pks]
+
+    def job(self, name: str, pks: list[PlannedKey], units: list[torch.nn.Module]) -> BuildJob:
+        file = self.builder.artifact_name(name, self.manifest.backend["version"], self.manifest.device)
+        return BuildJob(self.model, self.device, self.profile, name, [pk.key for pk in pks], units,
+                        self.out_dir / self.profile.backend / file, self.out_dir, self.build_options)
+
+    def check(self, name: str, pks: list[PlannedKey]) -> None:
+        """A dry run's work for one group."""
+        job = self.job(name, pks, self.units(pks))
+        self.builder.check(job)
+        self.result.findings += job.findings
+
+    def identify(self, pks: list[PlannedKey]) -> list[torch.nn.Module]:
+        """Set the identity of the group's entries; returns their unit modules (for the build)."""
+        units, m = self.units(pks), self.manifest
+        for pk, unit in zip(pks, units):
+            self.entry(pk.key.id).identity = entry_identity(
+                model_digest=self.model.digest, key_id=pk.key.id, backend=self.profile.backend,
+                backend_version=m.backend["version"], torch_version=torch.__version__, device=m.device,
+                precision=m.precision, build_options=self.build_options, weights_layout=weights_layout(unit),
+                artifact_keys=[p.key.id for p in pks] if len(pks) > 1 else None)
+        return units
+
+    def reuse(self, pks: list[PlannedKey]) -> bool:
+        """Keep the group's previous entries if every one is built with the identity it would get
+        now and its artifact is intact (an artifact shared by several keys is hashed once)."""
+        olds = [self.previous.get(pk.key.id) for pk in pks]
+        intact: dict[str, bool] = {}
+        for old, pk in zip(olds, pks):
+            if old is None or old.status != Status.BUILT or old.identity != self.entry(pk.key.id).identity:
+                return False
+            if old.artifact not in intact:
+                intact[old.artifact] = _artifact_ok(self.out_dir, old)
+            if not intact[old.artifact]:
+                return False
+        for old, pk in zip(olds, pks):
+            old.category, old.est_bytes = pk.category, pk.est_bytes
+            self.manifest.entries[self._position[old.id]] = old
+            self.record_shared(old)
+        self.result.reused += len(pks)
+        return True
+
+    def record_shared(self, e: Entry) -> None:
+        """List the shared files `e` reads (ONNX weights) in the manifest, so verify can check them."""
+        for rel in e.extra.get("weights_files", []):
+            self.manifest.shared[rel] = self.known_shared.get(rel) or file_record(self.out_dir, rel)
+
+    def build(self, name: str, pks: list[PlannedKey], units: list[torch.nn.Module]) -> None:
+        """Build, hash and verify one group's artifact, then rewrite the manifest. The manifest
+        is also written before the build: it exists from the first build on, even if killed."""
+        write_manifest(self.out_dir, self.manifest)
+        entries = [self.entry(pk.key.id) for pk in pks]
+        job = self.job(name, pks, units)
+        _build_group(self.builder, job, entries)
+        self.result.findings += job.findings
+        for e in entries:
+            if e.status == Status.BUILT:
+                self.record_shared(e)
+                self.result.built += 1
+            else:
+                self.result.failed += 1
+        write_manifest(self.out_dir, self.manifest)
+
+
+def _artifact_ok(out_dir: Path, e: Entry) -> bool:
+    return bool(e.artifact) and file_problem(out_dir, e.artifact, e.artifact_bytes, e.artifact_sha256) is None
+
+
+def _build_group(builder: Builder, job: BuildJob, entries: list[Entry]) -> None:
+    """Build the group's artifact and check every key against eager. A failure is recorded on
+    the keys it concerns (a build's on all of them); an OSError of the directory itself (disk
+    full, read-only) stops the export."""
+    t0 = time.perf_counter()
     try:
-        for pk in plan.entries:
-            _export_key(pk, model, device, profile, backend, out_dir, manifest, result, previous, known,
-                        build_options, todo, shard, on_progress)
-    except KeyboardInterrupt:
-        write_manifest(out_dir, _with_pending(manifest, plan, len(manifest.entries)))
-        built = {e.id for e in manifest.entries if e.status == "built"}
-        raise ExportInterrupted(sum(pk.key.id in built for pk in mine), len(mine)) from None
-    write_manifest(out_dir, manifest)
-    return result
+        extras = builder.build(job)
+        if len(extras) != len(entries):
+            raise RuntimeError(f"the {builder.name} builder returned {len(extras)} entries for {len(entries)} keys")
+    except Exception as e:
+        _stop_on_directory_errors(e)
+        for entry in entries:
+            _failed(entry, e, time.perf_counter() - t0)
+        return
+    seconds = (time.perf_counter() - t0) / len(entries)
+    rel = str(job.path.relative_to(job.out_dir))
+    size, sha = job.path.stat().st_size, file_sha256(job.path)
+    for entry, unit, extra in zip(entries, job.units, extras):
+        entry.build_seconds = round(seconds, 2)
+        entry.artifact, entry.artifact_bytes, entry.artifact_sha256, entry.extra = rel, size, sha, extra
+        try:
+            check_entry(job.model, builder.backend, job.out_dir, entry, job.device, unit=unit)  # parity, status
+        except Exception as e:
+            _stop_on_directory_errors(e)
+            _failed(entry, e, seconds)
 
 
-def _export_key(pk, model, device, profile, backend, out_dir: Path, manifest: Manifest, result: ExportResult,
-                previous: dict, known: dict, build_options, todo: dict, shard, on_progress) -> None:
-    """Reuse or build one planned key, then rewrite the manifest (later keys listed as pending)."""
-    key = pk.key
-    entry = entry_for(pk, "pending" if pk.selected else "skipped_budget")
-    manifest.entries.append(entry)
-    if not pk.selected:
-        return
-    entry.identity = entry_identity(model_digest=model.digest, key_id=key.id, backend=profile.backend,
-                                    backend_version=manifest.backend["version"],
-                                    torch_version=torch.__version__, device=manifest.device,
-                                    precision=manifest.precision, build_options=build_options,
-                                    weights_layout=weights_layout(SPECS[key.component].build(model, key)))
-    old = previous.get(key.id)
-    if old is not None and old.status == "built" and old.identity == entry.identity and _artifact_ok(out_dir, old):
-        manifest.entries[-1] = old
-        old.category, old.est_bytes = pk.category, pk.est_bytes
-        _record_shared(manifest, out_dir, old, known)
-        result.reused += 1
-        return
-    if not _in_shard(todo[key], shard):
-        return
-    # a manifest exists from the first build on and names every planned key, even if killed mid-key
-    write_manifest(out_dir, _with_pending(manifest, result.plan, len(manifest.entries)))
-    if on_progress:
-        on_progress(key.id, todo[key], len(todo))
-    _build_entry(model, device, profile, backend, out_dir / profile.backend, out_dir, key, entry, build_options)
-    if entry.status == "built":
-        _record_shared(manifest, out_dir, entry, known)
-        result.built += 1
-    else:
-        result.failed += 1
-    write_manifest(out_dir, _with_pending(manifest, result.plan, len(manifest.entries)))   # resumable
+def _stop_on_directory_errors(e: Exception) -> None:
+    if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:   # the directory's fault, not the key's
+        raise e
+
+
+def _failed(entry: Entry, e: Exception, seconds: float) -> None:
+    entry.build_seconds = round(seconds, 2)
+    entry.status = Status.FAILED
+    entry.error = f"{type(e).__name__}: {e}"[:2000]
+    log.debug("build of %s failed:\n%s", entry.id, "".join(traceback.format_exception(e)))
 
 
 def dry_run_summary(profile: Profile, out_dir: Path) -> str:
     """What `c2w export --dry-run` is about to do, said before it starts."""
-    if profile.backend != "tensorrt":
-        return f"dry run: plans the keys of {profile.name} ({profile.backend}); writes nothing"
-    return (f"dry run: plans the keys of {profile.name}, then exports one ONNX graph per graph variant into "
-            f"{Path(out_dir) / 'tensorrt' / 'onnx'} (weights included) and checks each for TensorRT; no engine is "
-            f"built. With model {profile.model} this can take minutes and hundreds of MB "
-            "(h100: ~4 min, ~490 MB on 2 cores); progress follows.")
+    return get_builder(profile.backend).dry_run_summary(profile, out_dir)
 
 
-def entry_for(pk, status: str) -> Entry:
+def entry_for(pk: PlannedKey, status: Status) -> Entry:
     """A manifest entry for a planned key, before anything is built."""
     key, spec = pk.key, SPECS[pk.key.component]
     return Entry(id=key.id, component=key.component, dtype=key.dtype, category=pk.category, status=status,
@@ -192,120 +291,12 @@ def entry_for(pk, status: str) -> Entry:
                  output_names=list(spec.output_names))
 
 
-def _with_pending(manifest: Manifest, plan: Plan, done: int) -> Manifest:
-    """The manifest so far plus every later key (what a killed export leaves behind)."""
-    import copy
-    m = copy.copy(manifest)
-    m.entries = list(manifest.entries) + [entry_for(pk, "pending" if pk.selected else "skipped_budget")
-                                          for pk in plan.entries[done:]]
-    return m
-
-
-def new_manifest(profile: Profile, model: Code2Wav, backend, device: torch.device, plan: Plan) -> Manifest:
+def new_manifest(profile: Profile, model: Code2Wav, backend_version: str, device: torch.device, plan: Plan) -> Manifest:
     return Manifest(
         profile={"name": profile.name, "digest": profile.digest, "source": profile.source},
         model={"spec": model.source, "digest": model.digest, "config": model.cfg.name},
-        backend={"name": profile.backend, "version": backend.version()},
+        backend={"name": profile.backend, "version": backend_version},
         torch_version=torch.__version__, device=device_name(device),
-        precision={"flow_encoder": profile.precision.flow_encoder, "cfm": profile.precision.cfm,
-                   "hift": profile.precision.hift, "tf32": profile.precision.tf32},
+        precision=dataclasses.asdict(profile.precision),
         budget_bytes=profile.budget_bytes, weight_bytes=plan.weight_bytes,
         schedule=dataclasses.asdict(profile.schedule))
-
-
-def _build_entry(model, device, profile, backend, art_dir: Path, out_dir: Path, key: ShapeKey, entry: Entry,
-                 build_options: dict | None = None) -> None:
-    spec = SPECS[key.component]
-    path = art_dir / f"{key.id}{backend.suffix}"
-    t0 = time.perf_counter()
-    try:
-        unit = spec.build(model, key).eval()
-        inputs = spec.example_inputs(model.cfg, key, torch.Generator().manual_seed(0), device=device)
-        with torch.no_grad():
-            if profile.backend == "onnxruntime":
-                from exporter.backends.onnx_export import export_onnx
-                stats = export_onnx(unit, inputs, spec.input_names(key), spec.output_names, path)
-                entry.extra = {"initializer_bytes": stats.initializer_bytes, "unique_initializer_bytes":
-                               stats.unique_bytes, "nodes": stats.node_count,
-                               "weights_files": [str(path.parent.relative_to(out_dir) / f) for f in stats.files]}
-                wbytes = sum(t.numel() * t.element_size() for t in unit_weights(unit).values())
-                # slack for shape-specific constant tables (HiFT's phase interpolation, ~0.5 MB)
-                if stats.unique_bytes > 1.25 * wbytes + (4 << 20):
-                    raise RuntimeError(f"ONNX initializers hold {stats.unique_bytes} bytes against {wbytes} bytes of "
-                                       "weights: the export duplicated or folded weights")
-            else:
-                from exporter.backends.aoti import build_aoti
-                entry.extra = build_aoti(model, unit, key, inputs, path, build_options)
-        entry.build_seconds = round(time.perf_counter() - t0, 2)
-        entry.artifact = str(path.relative_to(out_dir))
-        entry.artifact_bytes = path.stat().st_size
-        entry.artifact_sha256 = file_sha256(path)
-        check_entry(model, backend, out_dir, entry, device)      # sets parity, device_bytes, status
-    except OSError as e:
-        if e.errno in WRITE_ERRNOS:    # the directory's fault, not the key's: stop (export_profile says why)
-            raise
-        _failed(entry, e, t0)
-    except Exception as e:  # one key failing must not lose the others: record it and go on
-        _failed(entry, e, t0)
-
-
-def _failed(entry: Entry, e: Exception, t0: float) -> None:
-    entry.build_seconds = round(time.perf_counter() - t0, 2)
-    entry.status = "failed"
-    entry.error = f"{type(e).__name__}: {e}"[:2000]
-    log.debug("build of %s failed:\n%s", entry.id, traceback.format_exc())
-
-
-def verify_directory(out_dir: Path, device: str | None = None) -> tuple[Manifest, list[Entry]]:
-    """Check size and sha256 of every file the manifest names, then re-run parity for every built
-    entry of `out_dir` (fresh inputs). Returns (manifest, checked). Nothing built: C2WUserError."""
-    import copy
-    manifest = read_manifest(Path(out_dir))
-    if not any(e.status == "built" for e in manifest.entries):
-        counts = {s: sum(e.status == s for e in manifest.entries) for s in {e.status for e in manifest.entries}}
-        raise C2WUserError("c2w verify", f"'{out_dir}' with nothing built ({counts or 'no entries'})",
-                           "a directory with at least one built artifact",
-                           "Run c2w export into it first (re-running resumes an interrupted export).")
-    dev = torch.device("cpu" if manifest.device == "cpu" else "cuda") if device is None else _device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise C2WUserError("verify device", f"'{device or 'cuda'}' on a machine without CUDA" + (
-            f" (the manifest's device is '{manifest.device}')" if device is None else ""),
-                           "a device this machine has", "Verify on the machine it was built for, or pass --device cpu "
-                           "for artifacts built for the CPU.")
-    model = load_model(manifest.model["spec"])
-    model.to(dev, {c: dtype_of(manifest.precision[c]) for c in SPECS})
-    if model.digest != manifest.model["digest"]:
-        raise C2WUserError(f"{out_dir}/manifest.json model digest", manifest.model["digest"],
-                           f"{model.digest} (the digest of '{manifest.model['spec']}' now)",
-                           "The model changed since export: re-run c2w export.")
-    backend = get_backend(manifest.backend["name"])
-    backend.require()
-    bad_shared = {rel: why for rel, r in manifest.shared.items()
-                  if (why := file_problem(out_dir, rel, r["bytes"], r["sha256"]))}
-    checked = []
-    for e in manifest.entries:
-        if e.status != "built":
-            continue
-        c = copy.deepcopy(e)
-        why = [file_problem(out_dir, e.artifact, e.artifact_bytes, e.artifact_sha256)]
-        why += [bad_shared.get(rel) for rel in e.extra.get("weights_files", [])]
-        if any(why):            # the runtime would refuse it: so does verify, before loading it
-            c.status, c.error, c.parity = "failed", "; ".join(w for w in why if w), {}
-            checked.append(c)
-            continue
-        try:
-            check_entry(model, backend, Path(out_dir), c, dev)
-        except Exception as exc:  # a broken artifact is a failed verification, not a crash
-            c.status, c.error = "failed", f"{type(exc).__name__}: {exc}"
-        checked.append(c)
-    return manifest, checked
-
-
-def _device(name: str) -> torch.device:
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise C2WUserError("--device", repr(name), "cpu or cuda (optionally cuda:N)")
-    return dev

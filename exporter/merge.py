@@ -8,8 +8,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from runtime.atomic import atomic_output
 from runtime.errors import C2WUserError
-from runtime.manifest import Manifest, read_manifest, write_manifest
+from runtime.manifest import Manifest, Status, file_sha256, read_manifest, write_manifest
 
 _SAME = ("profile", "model", "backend", "device", "precision", "torch_version")
 
@@ -33,7 +34,7 @@ def merge_dirs(out: Path, shards: list[Path]) -> Manifest:
                (b.get("digest", b) if isinstance(b, dict) and f in ("profile", "model") else b):
                 raise C2WUserError(f"shard '{s}' {f}", repr(b), f"{a!r} (as in '{shards[0]}')",
                                    "Merge only shards of one export (same profile, model, backend, device).")
-    rank = {"built": 0, "failed": 1, "unsupported": 2, "skipped_budget": 3, "pending": 4}
+    rank = {Status.BUILT: 0, Status.FAILED: 1, Status.UNSUPPORTED: 2, Status.SKIPPED_BUDGET: 3, Status.PENDING: 4}
     best: dict[str, tuple] = {}
     for s, m in zip(shards, manifests):
         for e in m.entries:
@@ -43,14 +44,19 @@ def merge_dirs(out: Path, shards: list[Path]) -> Manifest:
     merged = Manifest(**{**base.__dict__, "entries": [],
                          "shared": {k: v for m in manifests for k, v in m.shared.items()}})
     for s, e in (best[e.id] for e in base.entries if e.id in best):
-        if e.status == "built" and Path(s).resolve() != out.resolve():
-            for f in (s / e.artifact).parent.glob(Path(e.artifact).stem + "*"):
-                dst = out / Path(e.artifact).parent / f.name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(f, dst)
-            wdir = s / Path(e.artifact).parent / "weights"          # ONNX Runtime's shared weights
-            if wdir.is_dir():
-                shutil.copytree(wdir, out / Path(e.artifact).parent / "weights", dirs_exist_ok=True)
+        if e.status == Status.BUILT and Path(s).resolve() != out.resolve():
+            _copy(s / e.artifact, out / e.artifact)
+            for rel in e.extra.get("weights_files", []):               # ONNX Runtime's shared weights
+                _copy(s / rel, out / rel)
         merged.entries.append(e)
     write_manifest(out, merged)
     return merged
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Copy one file atomically (a TensorRT plan shared by several entries is copied once)."""
+    if dst.is_file() and dst.stat().st_size == src.stat().st_size and file_sha256(dst) == file_sha256(src):
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(dst) as tmp:
+        shutil.copy2(src, tmp)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from runtime.atomic import atomic_output
 from runtime.errors import MissingBackendError
-from runtime.manifest import Manifest
+from runtime.manifest import Manifest, Status
 
 FORMATS = ("table", "markdown", "json")
 
@@ -22,13 +23,13 @@ def _parity(e) -> str:
 
 
 def summary(m: Manifest) -> dict:
-    built = [e for e in m.entries if e.status == "built"]
+    built = [e for e in m.entries if e.status == Status.BUILT]
     comps = sorted({e.component for e in built})
     measured = sum(e.device_bytes or 0 for e in built)
     weights = sum(m.weight_bytes.get(c, 0) for c in comps)
     counts = {}
     for e in m.entries:
-        counts[e.status] = counts.get(e.status, 0) + 1
+        counts[str(e.status)] = counts.get(str(e.status), 0) + 1
     return {"budget_bytes": m.budget_bytes, "weight_bytes": weights, "measured_key_bytes": measured,
             "estimated_key_bytes": sum(e.est_bytes for e in built), "total_bytes": weights + measured,
             "counts": counts, "build_seconds": round(sum(e.build_seconds for e in m.entries), 1)}
@@ -36,9 +37,9 @@ def summary(m: Manifest) -> dict:
 
 def rows(m: Manifest) -> list[list[str]]:
     out = []
-    for e in sorted(m.entries, key=lambda e: (e.component, e.status != "built", e.id)):
+    for e in sorted(m.entries, key=lambda e: (e.component, e.status != Status.BUILT, e.id)):
         dims = " ".join(f"{k}={v}" for k, v in e.dims.items())
-        out.append([e.component, dims, e.dtype, e.category, e.status, _mib(e.artifact_bytes),
+        out.append([e.component, dims, e.dtype, e.category, str(e.status), _mib(e.artifact_bytes),
                     _mib(e.est_bytes), _mib(e.device_bytes), f"{e.build_seconds:.1f}", _parity(e),
                     (e.error or "")[:60]])
     return out
@@ -58,9 +59,9 @@ def render(m: Manifest, fmt: str = "table") -> str:
            f"{_mib(s['measured_key_bytes'])} = {_mib(s['total_bytes'])} MiB; "
            + ", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items()))
            + f"; build {s['build_seconds']} s")
-    pending = s["counts"].get("pending", 0)
+    pending = s["counts"].get(Status.PENDING, 0)
     if pending:
-        planned = sum(n for k, n in s["counts"].items() if k != "skipped_budget")
+        planned = sum(n for k, n in s["counts"].items() if k != Status.SKIPPED_BUDGET)
         tot += (f"\n{pending} of {planned} planned keys are pending (an interrupted export, or another "
                 "shard's keys): re-run the same c2w export to build them")
     if fmt == "markdown":
@@ -80,7 +81,7 @@ def plot(m: Manifest, path: Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise MissingBackendError("--plot", "matplotlib", "pip install matplotlib (or the c2w[plot] extra)") from e
-    built = [e for e in m.entries if e.status == "built"]
+    built = [e for e in m.entries if e.status == Status.BUILT]
     comps = sorted({e.component for e in built}) or sorted(m.weight_bytes)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, c in enumerate(comps):
@@ -103,6 +104,7 @@ def plot(m: Manifest, path: Path) -> Path:
     ax.set_title(f"{m.profile['name']} / {m.backend['name']}: memory per key (measured)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return Path(path)

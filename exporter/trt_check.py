@@ -21,7 +21,7 @@ local function that is called, and checks:
 Source of the op data: onnx/onnx-tensorrt `docs/operators.md` for TensorRT 10.15 ("opset 9 to
 opset 24") and `docs/Changelog.md` (Attention in 10.14; RMSNormalization, RotaryEmbedding and
 TensorScatter in 10.15), plus the TensorRT 11.5 release notes (opset 25). The data is claimed for
-TensorRT 10.12 and later only; older targets are refused.
+c2w's TensorRT floor and later only (runtime.engines.tensorrt.MIN_VERSION); older targets are refused.
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from runtime.engines.tensorrt import FLOOR, MAX_MAJOR, MIN_VERSION
 from runtime.errors import C2WUserError
 
 SEVERITIES = ("error", "warning", "info")
-MIN_TRT_VERSION = (10, 12)
 MIN_OPSET = 9
 
 # Highest default-domain opset the parser of a TensorRT release accepts; a row holds from its
@@ -132,13 +132,13 @@ class Finding:
 
 
 def parse_trt_version(version: str) -> tuple[int, int]:
-    """'10.12' / '10.12.0.36' / '11.0' -> (major, minor); refuses anything before 10.12."""
+    """'10.12' / '10.12.0.36' / '11.0' -> (major, minor); refuses releases before the floor."""
     m = re.match(r"^\s*(\d+)\.(\d+)", str(version))
     if not m:
-        raise C2WUserError("TensorRT version", repr(version), "'MAJOR.MINOR[...]', e.g. '10.12'")
+        raise C2WUserError("TensorRT version", repr(version), f"'MAJOR.MINOR[...]', e.g. '{FLOOR}'")
     got = (int(m.group(1)), int(m.group(2)))
-    if got < MIN_TRT_VERSION or got[0] > 11:
-        raise C2WUserError("TensorRT version", version, "10.12 or later 10.x, or 11.x",
+    if got < MIN_VERSION or got[0] > MAX_MAJOR:
+        raise C2WUserError("TensorRT version", version, f"{FLOOR} or later {MIN_VERSION[0]}.x, or {MAX_MAJOR}.x",
                            "The operator data in exporter/trt_check.py is only claimed for those.")
     return got
 
@@ -589,7 +589,7 @@ def _load(model_or_path):
     raise C2WUserError("ONNX model", type(model_or_path).__name__, "a path or an onnx.ModelProto")
 
 
-def check_onnx_for_tensorrt(model_or_path, trt_version: str = "10.12",
+def check_onnx_for_tensorrt(model_or_path, trt_version: str = FLOOR,
                             allow_dynamic: frozenset[str] = frozenset()) -> list[Finding]:
     """Every reason the TensorRT `trt_version` ONNX parser would reject `model_or_path`, or build an
     engine that does not compute what eager computes. Errors first-class, warnings for what cannot
@@ -628,7 +628,7 @@ def check_onnx_for_tensorrt(model_or_path, trt_version: str = "10.12",
 def initializer_bytes(model_or_path) -> tuple[int, int]:
     """(total, duplicated) bytes of constant tensors (initializers + Constant values), everywhere."""
     model, _ = _load(model_or_path)
-    c = _Checker(model, MIN_TRT_VERSION, frozenset())
+    c = _Checker(model, MIN_VERSION, frozenset())
     c.walk_graph(model.graph, "main", _default_opset(model.opset_import) or MIN_OPSET, True)
     dup = sum((n - 1) * b for n, b, _ in c.tensor_hashes.values() if n > 1)
     return c.total_bytes, dup

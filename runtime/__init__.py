@@ -16,12 +16,13 @@ import torch
 
 from runtime.cache import EngineCache
 from runtime.errors import C2WUserError
-from runtime.manifest import read_manifest
+from runtime.manifest import model_from_manifest, read_manifest
 from runtime.model.weights import Code2Wav, load_model
+from runtime.precision import load_at_precision, set_tf32
 from runtime.serving import StreamHandle, StreamServer
 from runtime.slots import ServerFullError
 from runtime.stream import StreamDriver, StreamState
-from runtime.units import SPECS, ShapeKey, dtype_of
+from runtime.units import ShapeKey
 
 __all__ = ["Runtime", "load", "C2WUserError", "ShapeKey", "StreamState", "load_model", "StreamServer",
            "StreamHandle", "ServerFullError"]
@@ -60,7 +61,9 @@ def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: 
 
     model: a model spec (checkpoint dir or 'random:...') or an already built Code2Wav; default:
     the spec recorded in the manifest. device: default: the manifest's ('cpu' or 'cuda').
-    Precision follows the manifest. A directory that does not match is served eagerly (warning).
+    Precision follows the manifest: a spec is loaded at its component dtypes, and TF32 is set as
+    it says, process-wide (logged at INFO on "c2w.precision"). A directory that does not match is
+    served eagerly (warning).
     lazy: load engines on first use (default on CPU) or all at once (default on CUDA, where a
     CUDA-graph capture during serving would collide with other threads' kernels).
     """
@@ -80,10 +83,13 @@ def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: 
                                "a model= argument or a manifest written by c2w export")
     if device is None:
         device = "cpu" if not readable or manifest.device == "cpu" else "cuda"
-    if isinstance(model, str):
-        model = load_model(model)
-        prec = manifest.precision if readable else {}
-        model.to(torch.device(device), {c: dtype_of(prec.get(c, "float32")) for c in SPECS})
+    if not readable:
+        if isinstance(model, str):
+            model = load_at_precision(model, device, {})        # float32: everything runs eagerly
+    elif isinstance(model, str):
+        model = model_from_manifest(manifest, device, model)    # the manifest's dtypes and TF32
+    else:          # the caller's model keeps its dtypes (the cache checks them); TF32 follows the manifest
+        set_tf32(manifest.precision.get("tf32", False), "the manifest's precision.tf32")
     if lazy is None:
         lazy = torch.device(device).type != "cuda"
     if trim_conformer is None:

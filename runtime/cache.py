@@ -16,7 +16,7 @@ import torch
 
 from runtime.engines import get_backend
 from runtime.errors import C2WUserError
-from runtime.manifest import Entry, Manifest, file_sha256, read_manifest
+from runtime.manifest import Entry, Manifest, Status, file_sha256, read_manifest
 from runtime.units import DTYPE_NAMES, SPECS, EagerRunner, ShapeKey
 from runtime.verify import artifact_info, device_name, entry_key, unit_weights
 
@@ -90,7 +90,7 @@ class EngineCache:
         if why:
             return self._disable(f"{self.dir / 'manifest.json'}: {why}")
         for e in manifest.entries:
-            if e.status == "built" and e.parity.get("passed"):
+            if e.status == Status.BUILT and e.parity.get("passed"):
                 self._entries[entry_key(e)] = e
 
     def _shared_weights(self, key: ShapeKey) -> dict:

@@ -5,6 +5,7 @@ change FORMAT_VERSION on any incompatible change; a reader treats another versio
 """
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -12,10 +13,23 @@ from pathlib import Path
 
 from runtime.atomic import atomic_write
 from runtime.errors import C2WUserError
+from runtime.model.weights import Code2Wav
+from runtime.precision import load_at_precision, set_tf32
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-STATUSES = ("built", "skipped_budget", "failed", "unsupported", "pending")
+
+
+class Status(str, enum.Enum):
+    """An entry's state. A str: it equals its value and is written to JSON as it."""
+    BUILT = "built"                     # built and verified against eager: the runtime serves it
+    FAILED = "failed"                   # its build or its parity check failed (`error` says why)
+    PENDING = "pending"                 # selected, not built yet (an interrupted export, another shard's key)
+    SKIPPED_BUDGET = "skipped_budget"   # not selected: the budget has no room for it
+    UNSUPPORTED = "unsupported"         # the backend cannot build this key
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class ForeignManifestError(C2WUserError):
@@ -29,7 +43,7 @@ class Entry:
     dims: dict                     # dim name -> int, in the spec's order
     dtype: str
     category: str                  # first | steady | tail | extra
-    status: str                    # see STATUSES
+    status: Status
     identity: str = ""             # hash of everything that determines the artifact
     artifact: str | None = None    # path relative to the manifest's directory
     artifact_bytes: int = 0
@@ -43,6 +57,9 @@ class Entry:
     output_names: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)    # backend-specific (e.g. TensorRT profile index)
     error: str | None = None
+
+    def __post_init__(self):
+        self.status = Status(self.status)       # a value no Status has: ValueError
 
 
 @dataclass
@@ -100,9 +117,16 @@ def read_manifest(out_dir: Path) -> Manifest:
                            f"format_version {FORMAT_VERSION}", "Re-export with this version of c2w.")
     try:
         return Manifest.from_dict(d)
-    except (TypeError, AttributeError) as e:     # missing, unknown or mistyped fields
+    except (TypeError, AttributeError, ValueError) as e:     # missing, unknown or mistyped fields
         raise C2WUserError(f"manifest '{path}'", f"fields that do not match ({e})",
                            f"the fields of format_version {FORMAT_VERSION}", redo) from None
+
+
+def model_from_manifest(manifest: Manifest, device, spec: str | None = None) -> Code2Wav:
+    """The eager model the manifest's artifacts were built from (or the model `spec`), on `device`
+    at the manifest's precision, with TF32 set as the manifest says (process-wide, logged)."""
+    set_tf32(manifest.precision.get("tf32", False), "the manifest's precision.tf32")
+    return load_at_precision(spec or manifest.model["spec"], device, manifest.precision)
 
 
 def file_problem(out_dir: Path, rel: str, size: int, sha256: str) -> str | None:
@@ -133,15 +157,19 @@ def file_sha256(path: Path) -> str:
 
 def entry_identity(*, model_digest: str, key_id: str, backend: str, backend_version: str,
                    torch_version: str, device: str, precision: dict, build_options: dict | None = None,
-                   weights_layout: dict | None = None) -> str:
+                   weights_layout: dict | None = None, artifact_keys: list[str] | None = None) -> str:
     """Canonical hash of everything that determines one artifact: equal identity => reusable.
-    `build_options` (compiler overrides such as C2W_AOTI_INDUCTOR) and `weights_layout` (strides
-    of weights not stored contiguously, runtime.verify.weights_layout) count only when given."""
+    `build_options` (a builder's settings such as C2W_AOTI_INDUCTOR's Inductor configs),
+    `weights_layout` (strides of weights not stored contiguously, runtime.verify.weights_layout)
+    and `artifact_keys` (the ids of the keys sharing one artifact, in its order: a TensorRT plan's
+    profiles) count only when given."""
     fields = {"model": model_digest, "key": key_id, "backend": backend, "backend_version": backend_version,
               "torch": torch_version, "device": device, "precision": precision, "format": FORMAT_VERSION}
     if build_options:
         fields["build_options"] = build_options
     if weights_layout:
         fields["weights_layout"] = weights_layout
+    if artifact_keys:
+        fields["artifact_keys"] = list(artifact_keys)
     blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -41,6 +41,14 @@ class ShapeKey:
     def dim(self, name: str) -> int:
         return self.dims[SPECS[self.component].dim_names.index(name)]
 
+    def with_dims(self, **values: int) -> "ShapeKey":
+        """The same key with the named dims replaced, e.g. key.with_dims(B=2)."""
+        names = SPECS[self.component].dim_names
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise C2WUserError(f"dims of a {self.component} key", unknown, f"names among {list(names)}")
+        return ShapeKey(self.component, tuple(int(values.get(n, v)) for n, v in zip(names, self.dims)), self.dtype)
+
     def to_dict(self) -> dict:
         return {"component": self.component, "dtype": self.dtype,
                 **dict(zip(SPECS[self.component].dim_names, self.dims))}

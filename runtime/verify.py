@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from runtime.engines.base import ArtifactInfo
-from runtime.manifest import Entry
+from runtime.manifest import Entry, Status
 from runtime.units import SPECS, ShapeKey, rel_l2
 
 VERIFY_SEED = 1234        # inputs differ from the ones the artifact was exported with
@@ -84,20 +84,22 @@ def gpu_turn(device: torch.device):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.device) -> Entry:
-    """Load the entry's artifact, run it on fresh random inputs, compare every output with eager.
+def check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.device,
+                unit: torch.nn.Module | None = None) -> Entry:
+    """Load the entry's artifact, run it on fresh random inputs, compare every output with eager
+    (the key's `unit` module, built here if not given).
 
-    Sets entry.parity, entry.device_bytes / memory_kind and entry.status ("built" or "failed").
+    Sets entry.parity, entry.device_bytes / memory_kind and entry.status (built or failed).
     On CUDA it waits for its turn on the device (`gpu_turn`).
     """
     with gpu_turn(device):
-        return _check_entry(model, backend, out_dir, entry, device)
+        return _check_entry(model, backend, out_dir, entry, device, unit)
 
 
-def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.device) -> Entry:
+def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.device, unit) -> Entry:
     key = entry_key(entry)
     spec = SPECS[key.component]
-    unit = spec.build(model, key).eval()
+    unit = (unit if unit is not None else spec.build(model, key)).eval()
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
@@ -127,6 +129,6 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
             errs[name] = rel_l2(g.to(w.device), w)
     passed = len(got) == len(want) and all(v <= tol for v in errs.values())
     entry.parity = {"rel_l2": errs, "tol": tol, "passed": passed}
-    entry.status = "built" if passed else "failed"
+    entry.status = Status.BUILT if passed else Status.FAILED
     entry.error = None if passed else f"parity failed: rel-L2 {errs} above {tol}"
     return entry

@@ -132,7 +132,8 @@ def main() -> None:
 
 def replay_variants(model, key, inputs, todo, rows, dev, seeds) -> None:
     from exporter.backends.aoti import build_aoti
-    from runtime.engines.aoti import DTYPES, AOTIBackend, CudaGraphed, EulerReplay
+    from runtime.engines.aoti import AOTIBackend, CudaGraphed, EulerReplay
+    from runtime.engines.base import torch_dtype
     from runtime.engines.base import ArtifactInfo
     from runtime.verify import unit_weights
     spec = SPECS["cfm"]
@@ -149,7 +150,7 @@ def replay_variants(model, key, inputs, todo, rows, dev, seeds) -> None:
     weights = unit_weights(whole)
     info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in inputs),
                         tuple(str(t.dtype).removeprefix("torch.") for t in inputs), extra)
-    assert all(d in DTYPES for d in info.input_dtypes)
+    assert all(torch_dtype(d) for d in info.input_dtypes)
     for name in todo:
         try:
             if name == "replay_graph_step":           # what c2w serves
@@ -159,7 +160,7 @@ def replay_variants(model, key, inputs, todo, rows, dev, seeds) -> None:
                 runner.load_constants({k: weights[k] for k in runner.get_constant_fqns()},
                                       check_full_update=True, user_managed=True)
                 g = CudaGraphed(EulerReplay(runner, model.cfg.n_timesteps, dev), info.input_shapes,
-                                [DTYPES[d] for d in info.input_dtypes], dev)
+                                [torch_dtype(d) for d in info.input_dtypes], dev)
                 fn = lambda x, g=g: g(*x)  # noqa: E731
             else:
                 runner = torch._inductor.aoti_load_package(str(path), run_single_threaded=name == "replay_st")

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from exporter.backends.base import Builder, BuildJob
+from runtime.atomic import atomic_output
 from runtime.errors import C2WUserError
 from runtime.units import CFMStepUnit, ShapeKey
 from runtime.verify import weights_layout
@@ -119,19 +121,23 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
         extra["constant_strides"] = weights_layout(unit)
     if overrides:
         extra["inductor"] = overrides
-    tmp = path.with_name(path.stem + ".tmp.pt2")
     cxx = aoti_compiler()
-    try:
-        with _compiler(cxx):
-            torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
+    with atomic_output(path) as tmp, _compiler(cxx):     # a failed build leaves no package behind
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
         bad = static_libstdcxx_objects(tmp)
-    except BaseException:       # a full disk or an interrupt leaves no half-written package
-        tmp.unlink(missing_ok=True)
-        raise
-    if bad:
-        tmp.unlink()
-        raise RuntimeError(f"{bad} link libstdc++ statically (compiler {cxx}); such packages crash at load. "
-                           "Set C2W_AOTI_CXX to a g++ that links it dynamically (e.g. /usr/bin/g++).")
-    tmp.replace(path)
+        if bad:
+            raise RuntimeError(f"{bad} link libstdc++ statically (compiler {cxx}); such packages crash at load. "
+                               "Set C2W_AOTI_CXX to a g++ that links it dynamically (e.g. /usr/bin/g++).")
     return {**extra, "lifted_constants": len(lifted), "cxx": cxx}
+
+
+class AOTIBuilder(Builder):
+    """One `.pt2` per key (the CFM's: one Euler step), built without the shared weights."""
+
+    def build_options(self, profile) -> dict:
+        return inductor_overrides()
+
+    def build(self, job: BuildJob) -> list[dict]:
+        (key,), (unit,) = job.keys, job.units
+        return [build_aoti(job.model, unit, key, job.example_inputs(key), job.path, job.build_options)]
 

@@ -1,7 +1,9 @@
 """Exported program -> ONNX graph whose weights live once on disk, shared across keys.
 
-`torch.onnx.export(dynamo=True, optimize=False)`: the optimizer constant-folds per-step copies of
-weights in the unrolled Euler loop (FACTS.md §3), so it stays off. Every initializer is then moved
+Used by the ONNX Runtime builder (one exact-shape graph per key) and the TensorRT builder (one
+graph per variant, with named dynamic dims). `torch.onnx.export(dynamo=True, optimize=False)`:
+the optimizer constant-folds per-step copies of weights in the unrolled Euler loop (the graph
+would hold the DiT's weights once per step), so it stays off. Every initializer is then moved
 to external data in a content-addressed file `weights/<sha256[:20]>.bin` beside the graph: the
 same tensor in 40 keys' graphs is one file, and the ONNX Runtime backend maps each file to one
 shared OrtValue.

@@ -27,11 +27,9 @@ from typing import Mapping, Sequence
 
 import torch
 
-from runtime.engines.base import ArtifactInfo, Backend, Engine
+from runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
 from runtime.model.dit import euler_schedule
 from runtime.units import tensor_bytes
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64}
 
 
 def _as_list(out) -> list[torch.Tensor]:
@@ -165,7 +163,7 @@ class CudaGraphed:
 def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.dtype]]:
     """Shapes and dtypes of what one CUDA graph of this artifact takes: the unit's inputs, or for
     a CFM step package ONE step's (mu, spk, cond, x, cnn and att caches of that step, t, dt)."""
-    shapes, dtypes = [tuple(s) for s in info.input_shapes], [DTYPES[d] for d in info.input_dtypes]
+    shapes, dtypes = [tuple(s) for s in info.input_shapes], [torch_dtype(d) for d in info.input_dtypes]
     if (info.extra or {}).get("cfm_step"):
         shapes = shapes[:4] + [s[1:] for s in shapes[4:6]] + [(1,), (1,)]
         dtypes = dtypes + [torch.float32] * 2
@@ -206,7 +204,7 @@ class AOTIEngine(Engine):
     def __init__(self, info: ArtifactInfo, fn, device: torch.device, keep: list):
         self.info, self._fn, self.device, self._keep = info, fn, device, keep
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run_impl(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         args = [t.to(self.device).contiguous() for t in inputs]
         return _as_list(self._fn(*args))
 

@@ -16,6 +16,8 @@ from typing import Mapping, Sequence
 
 import torch
 
+from runtime.errors import C2WUserError, check_shape
+
 
 @dataclass(frozen=True)
 class ArtifactInfo:
@@ -28,14 +30,41 @@ class ArtifactInfo:
     extra: Mapping[str, object] = None   # backend-specific manifest fields (e.g. TRT profile index)
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """'float16' -> torch.float16 (the names ArtifactInfo.input_dtypes holds)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise C2WUserError("artifact input dtype", repr(name), "a torch dtype name such as 'float16' or 'int64'")
+    return dtype
+
+
+def check_inputs(info: ArtifactInfo, inputs: Sequence[torch.Tensor]) -> None:
+    """Raise C2WUserError unless `inputs` are the artifact's: their number, and each one's exact
+    shape and dtype (the unit spec's for the key, recorded in `info`)."""
+    names = info.input_names
+    if len(inputs) != len(names):
+        raise C2WUserError(f"inputs for {Path(info.path).name}", f"{len(inputs)} tensors",
+                           f"{len(names)} tensors {list(names)}")
+    for name, t, shape, dtype in zip(names, inputs, info.input_shapes, info.input_dtypes):
+        check_shape(name, t, shape, torch_dtype(dtype))
+
+
 class Engine(abc.ABC):
-    """One loaded artifact for one exact ShapeKey. Not thread-safe: the cache serialises calls."""
+    """One loaded artifact for one exact ShapeKey. Not thread-safe: the cache serialises calls.
+
+    `run` checks the inputs against the artifact (`check_inputs`), then calls the backend's
+    `run_impl`: a backend never sees a tensor of another shape or dtype."""
 
     info: ArtifactInfo
 
-    @abc.abstractmethod
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run on `inputs` (in `info.input_names` order, exact shapes); return outputs in order."""
+        check_inputs(self.info, inputs)
+        return self.run_impl(inputs)
+
+    @abc.abstractmethod
+    def run_impl(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """`run` after the inputs were checked."""
 
     def release(self) -> None:
         """Free whatever the engine holds (sessions, contexts, graphs). Idempotent."""

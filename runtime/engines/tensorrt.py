@@ -19,12 +19,16 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from runtime.engines.base import ArtifactInfo, Backend, Engine
-from runtime.errors import C2WUserError, MissingBackendError, check_shape
+from runtime.errors import C2WUserError, MissingBackendError
 
-INSTALL_LINE = 'pip install --extra-index-url https://pypi.nvidia.com "tensorrt>=10.12"'
-SUPPORTED_VERSIONS = "10.12+ or 11.x"
+# The TensorRT releases c2w is written for (build, load and the compatibility check's operator
+# data): the one place that says so. pyproject.toml's `trt` extra repeats the floor (a test
+# keeps the two equal).
 MIN_VERSION = (10, 12)
 MAX_MAJOR = 11
+FLOOR = f"{MIN_VERSION[0]}.{MIN_VERSION[1]}"
+SUPPORTED_VERSIONS = f"{FLOOR}+ or {MAX_MAJOR}.x"
+INSTALL_LINE = f'pip install --extra-index-url https://pypi.nvidia.com "tensorrt>={FLOOR}"'
 ALIGNMENT = 256          # TensorRT's documented alignment for device memory and I/O addresses
 
 # TensorRT DataType member name -> torch dtype. INT4/FP4/E8M0 have no torch storage type, so an
@@ -194,22 +198,15 @@ class TensorRTEngine(Engine):
         self._epoch = backend._epoch        # release_shared() frees what this engine points at
         self._released = False
 
-    # ---- checks shared by both paths ----
+    # ---- checks shared by both paths (Engine.run checked count, shapes and dtypes) ----
     def _checked_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if self._released or self._epoch != self._backend._epoch:
             raise RuntimeError(f"TensorRT engine {self.info.path} profile {self._profile} was released "
                                "(or its backend's shared state was); load it again")
-        names = self.info.input_names
-        if len(inputs) != len(names):
-            raise C2WUserError(f"inputs for {self.info.path.name}", f"{len(inputs)} tensors",
-                               f"{len(names)} tensors {list(names)}")
-        out = []
-        for name, t, shape, dtype in zip(names, inputs, self.info.input_shapes, self._in_dtypes):
-            check_shape(name, t, shape, dtype)
+        for name, t in zip(self.info.input_names, inputs):
             if t.device != self._device:
                 raise C2WUserError(f"tensor '{name}'", f"device {t.device}", f"device {self._device}")
-            out.append(t.contiguous())
-        return out
+        return [t.contiguous() for t in inputs]
 
     def _bind_and_enqueue(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
         ctx = self._ctx
@@ -240,7 +237,7 @@ class TensorRTEngine(Engine):
             outs.append(torch.empty(shape, dtype=dtype, device=self._device))
         return outs
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run_impl(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         ins = self._checked_inputs(inputs)
         with torch.cuda.device(self._device):     # the context belongs to the plan's device
             if self._use_graph:

@@ -8,10 +8,11 @@ import torch
 from typer.testing import CliRunner
 
 from cli import app
-from exporter.export import export_profile, verify_directory
+from exporter.export import export_profile
 from exporter.plan import make_plan, precision_weights, stream_keys
 from exporter.profile import Precision
 from exporter.report import plot, render
+from exporter.verify import verify_directory
 from runtime.manifest import FORMAT_VERSION, read_manifest
 from runtime.model.weights import load_model
 from runtime.units import ShapeKey
@@ -278,16 +279,16 @@ def test_verify_on_cuda_without_cuda_is_one_line(ort_artifacts):
 
 
 def _stop_after(monkeypatch, n_keys: int, stop):
-    """Build the first n_keys keys for real, then call stop() when the next key starts."""
+    """Build the first n_keys artifacts for real, then call stop() when the next one starts."""
     import exporter.export as ex
-    real, calls = ex._build_entry, []
+    real, calls = ex._build_group, []
 
     def build(*a, **kw):
         calls.append(1)
         if len(calls) > n_keys:
             stop()
         return real(*a, **kw)
-    monkeypatch.setattr(ex, "_build_entry", build)
+    monkeypatch.setattr(ex, "_build_group", build)
 
 
 def _tmp_files(root):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from exporter.trt_check import dim_param_names, errors, format_findings
-from exporter.trt_export import DYNAMIC_DIMS, graph_variant, variant_onnx
+from exporter.backends.tensorrt import DYNAMIC_DIMS, graph_variant, variant_onnx
 from runtime.model.config import FULL
 from runtime.model.flow import FlowModel
 from runtime.model.hift import HiftVocoder

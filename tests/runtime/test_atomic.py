@@ -47,3 +47,18 @@ def test_exported_artifacts_are_readable_by_other_accounts(ort_artifacts):
     files = [p for p in ort_artifacts.rglob("*") if p.is_file()]
     assert len(files) > 8
     assert {p.stat().st_mode & 0o777 for p in files} == {0o666 & ~mask}
+
+
+def test_atomic_output_replaces_only_on_success(tmp_path):
+    from runtime.atomic import atomic_output
+    target = tmp_path / "p.pt2"
+    target.write_bytes(b"old")
+    with atomic_output(target) as tmp:
+        assert tmp.suffix == ".pt2" and tmp.parent == tmp_path and ".tmp" in tmp.name
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+    with pytest.raises(RuntimeError, match="compiler failed"):
+        with atomic_output(target) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("compiler failed")
+    assert [p.name for p in tmp_path.iterdir()] == ["p.pt2"] and target.read_bytes() == b"new"

@@ -166,3 +166,19 @@ def test_unreadable_manifest_serves_eagerly_with_a_model_and_is_a_clear_error_wi
     assert "; expected " in rt.cache.reason_disabled and rt.cache.keys == []
     with pytest.raises(runtime.C2WUserError, match=r"runtime.load: received no model and no readable manifest"):
         runtime.load(artifacts_copy)
+
+
+def test_load_applies_the_manifests_tf32_and_says_so(artifacts_copy, caplog):
+    path = artifacts_copy / "manifest.json"
+    d = json.loads(path.read_text())
+    d["precision"]["tf32"] = True
+    path.write_text(json.dumps(d))
+    caplog.set_level(logging.INFO, logger="c2w.precision")
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        runtime.load(artifacts_copy).release()
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert "TF32 on for CUDA matmuls and cuDNN convolutions in this process (the manifest's precision.tf32)" \
+            in caplog.text
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

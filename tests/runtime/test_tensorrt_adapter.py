@@ -13,7 +13,7 @@ import torch
 from onnx import TensorProto, helper
 
 import runtime.engines.tensorrt as rt
-from exporter.backends import tensorrt as bt
+from exporter.backends import tensorrt_plan as bt
 from runtime.engines.base import ArtifactInfo
 from runtime.errors import C2WUserError, MissingBackendError
 
@@ -46,7 +46,8 @@ def _cfm_inputs(B, T, L):
 def test_modules_import_without_tensorrt():
     # A fresh interpreter where `import tensorrt` fails: importing the adapter must not touch it.
     code = ("import sys; sys.modules['tensorrt'] = None; "
-            "import runtime.engines.tensorrt, exporter.backends.tensorrt, exporter.trt_check; "
+            "import runtime.engines.tensorrt, exporter.backends.tensorrt, exporter.backends.tensorrt_plan, "
+            "exporter.trt_check; "
             "print(sys.modules['tensorrt'])")
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
@@ -169,7 +170,6 @@ def test_trt_dtype_map():
 
 def test_artifact_and_timing_cache_names_carry_trt_version_and_gpu(tmp_path):
     assert rt.artifact_name("cfm", "10.12.0", "NVIDIA H200") == "cfm.trt10.12.0.NVIDIA_H200.plan"
-    assert bt.artifact_name is rt.artifact_name
     assert (rt.artifact_name("flow_encoder-last", "11.0.0.21", "NVIDIA H100 80GB HBM3")
             == "flow_encoder-last.trt11.0.0.21.NVIDIA_H100_80GB_HBM3.plan")
     assert rt.artifact_name("hift", "10.12", "GPU/0 (A)") == "hift.trt10.12.GPU_0_A.plan"
@@ -182,14 +182,6 @@ def test_artifact_and_timing_cache_names_carry_trt_version_and_gpu(tmp_path):
     assert (bt.timing_cache_file(tmp_path / "shared.cache", "11.0", "NVIDIA H200")
             == tmp_path / "shared.trt11.0.NVIDIA_H200.cache")
     assert bt.timing_cache_file(None, "10.12", "H200") is None
-
-
-def test_atomic_write_replaces_whole_file(tmp_path):
-    target = tmp_path / "sub" / "x.plan"
-    bt.atomic_write(target, b"first")
-    bt.atomic_write(target, memoryview(b"second"))
-    assert target.read_bytes() == b"second"
-    assert [p.name for p in target.parent.iterdir()] == ["x.plan"]     # no temp file left
 
 
 # ---- scratch sizing ------------------------------------------------------------------------------
@@ -209,3 +201,13 @@ def test_backend_protocol_fields():
     b = rt.TensorRTBackend()
     assert (b.name, b.suffix, b.scratch_size) == ("tensorrt", ".plan", 0)
     b.release_shared()       # idempotent on a backend that loaded nothing
+
+
+def test_the_version_floor_is_declared_once():
+    """runtime.engines.tensorrt says which TensorRT c2w supports; the install line, the check's
+    operator data and the package's `trt` extra follow it."""
+    from exporter import trt_check
+    assert rt.INSTALL_LINE == PIP and rt.FLOOR == "10.12"
+    assert trt_check.parse_trt_version(rt.FLOOR) == rt.MIN_VERSION
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'"tensorrt>={rt.FLOOR}"' in pyproject

@@ -1,0 +1,143 @@
+"""TensorRT goes through the same export loop as every backend: one plan per graph variant,
+per-key failure, interrupt and resume.
+
+TensorRT cannot be installed here, so stand-ins replace the calls that need it and a GPU: the
+backend's SDK import gives a module with a version only, `build_engine_from_onnx` writes a JSON
+file naming the ONNX graph and the profiles instead of a plan, and the backend's `load` returns
+an engine that runs that ONNX graph in ONNX Runtime at the key's profile. Everything else is c2w's own code: grouping, the dynamic-dim ONNX
+export and its TensorRT compatibility check, the profile per key, identity, resume, hashing and
+the parity check. Nothing here says anything about what TensorRT computes.
+"""
+import dataclasses
+import json
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import exporter.backends.tensorrt_plan as tensorrt_plan
+import exporter.export as ex
+from exporter.backends import get_builder
+from exporter.export import ExportInterrupted, artifact_groups, export_profile
+from exporter.plan import make_plan, precision_weights
+from runtime.engines.base import Engine
+from runtime.engines.tensorrt import TensorRTBackend
+from runtime.manifest import read_manifest
+from runtime.model.weights import load_model
+from tests.conftest import small_profile
+
+VERSION = "10.12.0"
+
+
+class _OnnxStandIn(Engine):
+    """Runs the plan's ONNX graph in ONNX Runtime after checking that the key's shapes are the
+    plan's profile `profile_index`; `corrupt`: returns wrong outputs."""
+
+    def __init__(self, info, corrupt: bool):
+        import onnxruntime as ort
+        plan = json.loads(info.path.read_text())
+        profile = plan["profiles"][info.extra["profile_index"]]
+        assert profile == {n: list(s) for n, s in zip(info.input_names, info.input_shapes)}
+        self.info, self.corrupt = info, corrupt
+        self.session = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"])
+
+    def run_impl(self, inputs):
+        feed = {n: t.numpy() for n, t in zip(self.info.input_names, inputs)}
+        outs = [torch.from_numpy(np.ascontiguousarray(o)) for o in self.session.run(None, feed)]
+        return [o + 1 for o in outs] if self.corrupt else outs
+
+    def release(self):
+        self.session = None
+
+
+def _group(plan_path) -> str:
+    return plan_path.name.split(".trt")[0]
+
+
+@pytest.fixture
+def fake_tensorrt(monkeypatch):
+    """The stand-ins, and the faults a test may inject: `wrong` (group, profile index) pairs whose
+    engine computes wrong outputs, `broken` groups whose build raises."""
+    faults = {"wrong": set(), "broken": set()}
+    # the SDK as the backend sees it (not in sys.modules: torch looks for a real tensorrt there)
+    monkeypatch.setattr(TensorRTBackend, "_import", lambda self: types.SimpleNamespace(__version__=VERSION))
+
+    def build(onnx_path, profiles, out_path, **kw):
+        if _group(out_path) in faults["broken"]:
+            raise RuntimeError(f"stand-in build of {_group(out_path)} fails")
+        out_path.write_text(json.dumps({"onnx": str(onnx_path), "profiles": profiles}))
+        return {"device_memory_per_profile": None}
+
+    def load(self, info, weights, device):
+        return _OnnxStandIn(info, (_group(info.path), info.extra["profile_index"]) in faults["wrong"])
+    monkeypatch.setattr(tensorrt_plan, "build_engine_from_onnx", build)
+    monkeypatch.setattr(TensorRTBackend, "load", load)
+    return faults
+
+
+def _profile():
+    return dataclasses.replace(small_profile(), backend="tensorrt", name="trt")
+
+
+def _groups(p):
+    model = load_model(p.model)
+    return artifact_groups(get_builder("tensorrt"), make_plan(model.cfg, p, precision_weights(model, p)))
+
+
+def test_one_plan_per_graph_variant_and_shards_never_split_one():
+    groups = _groups(_profile())
+    assert {name: len(pks) for name, pks in groups} == {
+        "flow_encoder-float32": 3, "cfm-float32": 3, "hift-F50-float32": 1, "hift-F58-cached-float32": 1}
+    shards = [[name for i, (name, _) in enumerate(groups) if ex._in_shard(i, (k, 2))] for k in (1, 2)]
+    assert sorted(shards[0] + shards[1]) == sorted(name for name, _ in groups) and all(shards)
+
+
+def test_tensorrt_export_fails_per_key_resumes_and_rebuilds_only_what_changed(tmp_path, monkeypatch, fake_tensorrt):
+    out = tmp_path / "trt"
+    (first, first_keys), (second, second_keys), *_, (last, last_keys) = _groups(_profile())
+    assert (len(first_keys), len(second_keys), len(last_keys)) == (3, 3, 1)
+    real, calls = ex._build_group, []
+
+    def interrupt_at_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(ex, "_build_group", interrupt_at_second)
+    with pytest.raises(ExportInterrupted, match="interrupted: 3 of 8 built"):
+        export_profile(_profile(), out)
+    entries = read_manifest(out).by_id()
+    assert [e.status for e in entries.values()].count("pending") == 5
+    built = [entries[pk.key.id] for pk in first_keys]          # one plan, one profile per key in order
+    assert {e.artifact for e in built} == {f"tensorrt/{first}.trt{VERSION}.cpu.plan"}
+    assert [e.extra["profile_index"] for e in built] == [0, 1, 2] and {e.status for e in built} == {"built"}
+    monkeypatch.setattr(ex, "_build_group", real)
+
+    # resume: the first plan is kept; one key of the second fails parity, the last plan fails to build
+    fake_tensorrt["wrong"].add((second, 1))
+    fake_tensorrt["broken"].add(last)
+    res = export_profile(_profile(), out)
+    assert (res.built, res.reused, res.failed) == (3, 3, 2)
+    entries = read_manifest(out).by_id()
+    assert [pk.key.id for pk in second_keys if entries[pk.key.id].status != "built"] == [second_keys[1].key.id]
+    assert "parity failed" in entries[second_keys[1].key.id].error
+    assert f"stand-in build of {last} fails" in entries[last_keys[0].key.id].error
+    assert any(f.code == "initializer-bytes" for f in res.findings)       # the compatibility check ran
+
+    # the faults gone: the plans with a failed key are rebuilt (all profiles of one), the rest kept
+    fake_tensorrt["wrong"].clear()
+    fake_tensorrt["broken"].clear()
+    res = export_profile(_profile(), out)
+    assert (res.built, res.reused, res.failed) == (4, 4, 0)
+    assert {e.status for e in read_manifest(out).entries} == {"built"}
+
+
+def test_dry_run_exports_and_checks_the_graphs_of_its_shard_without_tensorrt(tmp_path):
+    groups = [name for name, _ in _groups(_profile())]
+    res = export_profile(_profile(), tmp_path, dry_run=True, shard=(3, 4))        # one group: a HiFT graph
+    assert res.manifest.backend["version"] == ex.DRY_RUN_VERSION and res.built == 0
+    assert not [f for f in res.findings if f.severity == "error"]
+    assert {f.message.split(":")[0] for f in res.findings} == {groups[2]}
+    assert sorted(p.name for p in (tmp_path / "tensorrt" / "onnx").glob("*.onnx")) == [f"{groups[2]}.onnx"]
+    assert not (tmp_path / "manifest.json").exists()

@@ -1,0 +1,34 @@
+"""Every engine's `run` checks its inputs against the artifact before the backend sees them."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.engines.base import ArtifactInfo, Engine
+from runtime.errors import C2WUserError
+
+
+class _Echo(Engine):
+    def __init__(self, info):
+        self.info, self.calls = info, 0
+
+    def run_impl(self, inputs):
+        self.calls += 1
+        return list(inputs)
+
+
+INFO = ArtifactInfo(Path("a/hift-B1-F50-S0-float32.onnx"), ("mel", "noise"), ("speech", "source"),
+                    ((1, 80, 50), (1, 24000, 9)), ("float32", "float32"))
+
+
+def test_run_checks_count_shape_and_dtype_then_calls_run_impl():
+    engine = _Echo(INFO)
+    mel, noise = torch.zeros(1, 80, 50), torch.zeros(1, 24000, 9)
+    assert engine.run([mel, noise])[0] is mel and engine.calls == 1
+    cases = [([mel], r"inputs for hift-B1-F50-S0-float32.onnx: received 1 tensors; expected 2 tensors \['mel', 'noise'\]"),
+             ([mel, torch.zeros(1, 24000, 8)], r"tensor 'noise': received shape \(1, 24000, 8\); expected shape \(1, 24000, 9\)"),
+             ([mel.half(), noise], r"tensor 'mel': received dtype torch.float16; expected dtype torch.float32")]
+    for inputs, message in cases:
+        with pytest.raises(C2WUserError, match=message):
+            engine.run(inputs)
+    assert engine.calls == 1
