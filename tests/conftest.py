@@ -19,6 +19,7 @@ logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 # raised priority: the full-size CFM parity test 28 s with one thread, 114 s with two; a 2-chunk
 # tiny session 14 s against 57 s.
 # C2W_TEST_THREADS=N sets another count.
+DEFAULT_THREADS = torch.get_num_threads()          # PyTorch's own choice: the cores it sees
 THREADS = int(os.environ.get("C2W_TEST_THREADS", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 torch.set_num_threads(THREADS)
