@@ -221,6 +221,10 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
           keys: Optional[str] = typer.Option(None, help="comma-separated key ids (default: every built key)"),
           batches: Optional[str] = typer.Option(None, help="batch sizes for the streaming rows (default: the profile's)"),
           reps: int = typer.Option(20, help="timed repetitions per measurement (after warm-up)"),
+          warmup: Optional[int] = typer.Option(None, help="untimed calls before each measurement "
+                                               "(default: 3 per key, 2 per streaming chunk)"),
+          stream_reps: Optional[int] = typer.Option(None, help="timed repetitions per streaming chunk "
+                                                    "(default: max(5, reps / 2))"),
           peer: bool = typer.Option(True, help="time the step-audio2 reference too, if importable"),
           serve: bool = typer.Option(False, "--serve", help="concurrent streams through the stream server instead"),
           concurrency: str = typer.Option("1,2,4,8,16,32,64", help="--serve: numbers of concurrent streams"),
@@ -254,9 +258,10 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
         write(res, json_out, serve_bench.to_markdown)
         typer.echo(serve_bench.to_markdown(res))
         return
+    warm = {} if warmup is None else {"warmup": warmup, "stream_warmup": warmup}
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
                     stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer,
-                    out=json_out)
+                    out=json_out, stream_reps=stream_reps, **warm)
     write(res, json_out)
     typer.echo(to_markdown(res))
 

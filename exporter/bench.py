@@ -84,10 +84,12 @@ def _commit() -> str:
 
 
 def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list[str] | None = None,
-              stream_batches: list[int] | None = None, peer: bool = True, out: Path | None = None) -> dict:
+              stream_batches: list[int] | None = None, peer: bool = True, out: Path | None = None,
+              stream_reps: int | None = None, stream_warmup: int = 2) -> dict:
     """The streaming rows, then every built key (or `keys`), then the peer. With `out`, the JSON
     and its markdown are rewritten after every streaming row and every key, so a run cut short by
-    a time limit keeps what it measured."""
+    a time limit keeps what it measured. `reps` / `warmup`: per key; `stream_reps` (default
+    max(5, reps // 2)) / `stream_warmup`: per streaming chunk."""
     manifest = read_manifest(artifact_dir)
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
     torch.backends.cuda.matmul.allow_tf32 = bool(manifest.precision.get("tf32"))
@@ -101,7 +103,8 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
            "model": manifest.model, "precision": manifest.precision, "commit": _commit(),
            "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "keys": [], "stream": []}
     save = (lambda: write(res, out)) if out is not None else (lambda: None)
-    bench_stream(model, artifact_dir, manifest, device, stream_batches, reps=max(5, reps // 2),
+    stream_reps = max(5, reps // 2) if stream_reps is None else stream_reps
+    bench_stream(model, artifact_dir, manifest, device, stream_batches, reps=stream_reps, warmup=stream_warmup,
                  model32=eager32.model if eager32 is not None else None, rows=res["stream"], save=save)
     built = [e for e in manifest.entries if e.status == "built" and (not keys or e.id in keys)]
     policy = get_backend(manifest.backend["name"])       # the graph policy the runtime serves with
@@ -246,7 +249,7 @@ def _served(cache) -> tuple[int, int]:
 
 
 def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, model32=None,
-                 rows: list | None = None, save=lambda: None) -> list[dict]:
+                 rows: list | None = None, save=lambda: None, warmup: int = 2) -> list[dict]:
     """Per batch size and chunk size: the first chunk and a steady chunk, eager vs engines, with
     how many unit calls of the engine row an engine served (the rest fell back to eager); on GPU
     also the memory the engines add at load and a B=1 session's audio SNR against float32."""
@@ -266,7 +269,7 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
     for B in batches or sched.get("batch_sizes", [1]):
         for N in chunk_sizes(manifest, B):
             try:
-                row = _stream_row(model, cache, device, B, N, P, trim, reps)
+                row = _stream_row(model, cache, device, B, N, P, trim, reps, warmup=warmup)
             except Exception as exc:  # e.g. out of memory at a large batch: report it, go on
                 row = {"B": B, "chunk_tokens": N, "prompt_frames": P, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 if device.type == "cuda":
@@ -287,8 +290,9 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
     return rows
 
 
-def _stream_row(model, cache, device, B: int, N: int, P: int, trim: bool, reps: int) -> dict:
-    """One (B, N) row: first and steady chunk, eager and engines."""
+def _stream_row(model, cache, device, B: int, N: int, P: int, trim: bool, reps: int, warmup: int = 2) -> dict:
+    """One (B, N) row: first and steady chunk, eager and engines (`warmup` untimed chunks, then
+    `reps` timed ones, each)."""
     prompt, pmel, spk, tok = _prompt(model, B, P, N, device)
     row = {"B": B, "chunk_tokens": N, "prompt_frames": P}
     for name, runner in (("eager", EagerRunner(model)), ("engines", cache)):
@@ -303,7 +307,7 @@ def _stream_row(model, cache, device, B: int, N: int, P: int, trim: bool, reps: 
             hits, falls = _served(runner)
             # each timed chunk starts from a fresh copy of the same state, copied outside the
             # timed window (at B=32 the copy alone moves ~17 GB)
-            row[f"{name}_{phase}"] = timed(lambda st: drv.step(st, tok), device, 2, reps,
+            row[f"{name}_{phase}"] = timed(lambda st: drv.step(st, tok), device, warmup, reps,
                                            setup=lambda: _copy_state(snap))
             if name == "engines":
                 h, f = _served(runner)

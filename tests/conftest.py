@@ -1,29 +1,89 @@
 """Shared fixtures: one tiny ONNX Runtime artifact directory built by the real exporter."""
 import dataclasses
 import logging
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from exporter.profile import load_profile
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
+# One intra-op thread for PyTorch here and in the processes the tests start (the example server).
+# Most tests run the tiny model, whose ops are too small to split well over 2 cores; and two
+# threads waiting on each other lose badly whenever anything else runs (the ONNX Runtime sessions'
+# own threads included). Measured on this 2-core machine beside other jobs, this process at
+# raised priority: the full-size CFM parity test 28 s with one thread, 114 s with two; a 2-chunk
+# tiny session 14 s against 57 s.
+# C2W_TEST_THREADS=N sets another count.
+DEFAULT_THREADS = torch.get_num_threads()          # PyTorch's own choice: the cores it sees
+THREADS = int(os.environ.get("C2W_TEST_THREADS", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+torch.set_num_threads(THREADS)
+
+ROOT = Path(__file__).resolve().parent.parent
+# What the README's command 1 (`c2w export --profile profiles/cpu.yaml`) writes: its B=1 keys are
+# the keys of small_profile(), so the session's directory starts from them (see seed_artifacts).
+EXPORTED = ROOT / "artifacts" / "cpu"
+
 
 def small_profile(**schedule):
-    """profiles/cpu.yaml with one batch size and 3 chunks: 8 keys, ~40 s to build on 2 cores."""
+    """profiles/cpu.yaml with one batch size and 3 chunks: 8 keys, ~3-4 min to build on 2 cores."""
     p = load_profile("cpu")
     s = dataclasses.replace(p.schedule, batch_sizes=(1,), max_chunks=3, **schedule)
     return dataclasses.replace(p, schedule=s)
 
 
+def seed_artifacts(src: Path, dst: Path, ids: set[str]) -> int:
+    """Copy the built entries of the artifact directory `src` whose id is in `ids`, with the shared
+    weights files they read, into `dst` under a manifest listing just those. Entries whose files
+    are not intact (size, sha256), or that name no shared files (an older layout), are left out.
+    Returns how many were copied. The exporter then reuses an entry only if its identity (model
+    digest, key, backend and torch versions, device, precision, weights layout) is what it would
+    build now, and builds every other key."""
+    from runtime.manifest import file_problem, read_manifest, write_manifest
+    try:
+        m = read_manifest(src)
+    except Exception:  # noqa: BLE001 - no usable directory: nothing to seed
+        return 0
+    entries, shared = [], {}
+    for e in m.entries:
+        files = e.extra.get("weights_files") or []
+        if e.status != "built" or e.id not in ids or not files or not all(rel in m.shared for rel in files):
+            continue
+        if file_problem(src, e.artifact, e.artifact_bytes, e.artifact_sha256) or any(
+                file_problem(src, rel, m.shared[rel]["bytes"], m.shared[rel]["sha256"]) for rel in files):
+            continue
+        entries.append(e)
+        shared.update({rel: m.shared[rel] for rel in files})
+    for rel in [e.artifact for e in entries] + sorted(shared):
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, dst / rel)
+    if entries:
+        write_manifest(dst, dataclasses.replace(m, entries=entries, shared=shared))
+    return len(entries)
+
+
 @pytest.fixture(scope="session")
 def ort_artifacts(tmp_path_factory) -> Path:
+    """small_profile() exported by the real exporter. Its keys already built by command 1 into
+    artifacts/cpu are reused (export's resume) instead of built a second time: that build is
+    most of a CI run's test set-up. C2W_TEST_REBUILD=1 builds every key here instead."""
     from exporter.export import export_profile
+    from exporter.plan import make_plan, precision_weights
+    from runtime.model.weights import load_model
     out = tmp_path_factory.mktemp("art") / "cpu"
-    res = export_profile(small_profile(), out)
+    p = small_profile()
+    if os.environ.get("C2W_TEST_REBUILD") != "1":
+        model = load_model(p.model)
+        planned = {e.key.id for e in make_plan(model.cfg, p, precision_weights(model, p)).selected}
+        seed_artifacts(EXPORTED, out, planned)
+    res = export_profile(p, out)
     assert res.failed == 0, [e.error for e in res.manifest.entries if e.error]
+    assert res.built + res.reused == 8
     return out
 
 

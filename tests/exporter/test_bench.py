@@ -15,7 +15,7 @@ def test_bench_schema_and_same_function(ort_artifacts, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "write", lambda res, out: (saved.append((len(res["stream"]), len(res["keys"]))),
                                                           real_write(res, out)))
     out = tmp_path / "b.json"
-    res = bench_dir(ort_artifacts, reps=2, warmup=1, peer=False, out=out,
+    res = bench_dir(ort_artifacts, reps=2, warmup=1, stream_reps=2, stream_warmup=1, peer=False, out=out,
                     keys=["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"])
     assert json.loads(out.read_text()) == json.loads(json.dumps(res, default=str))
     # written as it went: after the streaming row, after each key, and at the end (the stream's
@@ -36,16 +36,17 @@ def test_bench_schema_and_same_function(ort_artifacts, tmp_path, monkeypatch):
     rows = [s for s in res["stream"] if "B" in s]
     assert [(s["B"], s["chunk_tokens"]) for s in rows] == [(1, 28)]
     assert rows[0]["audio_s_per_s_first"] > 0
-    # every unit call of the engines rows is accounted for: 3 units x (2 warm-up + 5 timed) chunks,
+    # every unit call of the engines rows is accounted for: 3 units x (1 warm-up + 2 timed) chunks,
     # all served by engines (the directory holds every key of a B=1 28-token session)
     for phase in ("first", "steady"):
-        assert rows[0][f"engines_{phase}"]["engine_calls"] == 21
+        assert rows[0][f"engines_{phase}"]["reps"] == 2
+        assert rows[0][f"engines_{phase}"]["engine_calls"] == 9
         assert rows[0][f"engines_{phase}"]["eager_fallbacks"] == 0
         assert "engine_calls" not in rows[0][f"eager_{phase}"]
     stats = res["stream"][-1]["cache_stats"]
     assert stats["cfm"]["cfm-B1-T50-L100-float32"]["hits"] > 0        # the engine rows used engines
     md = to_markdown(res)
-    assert "| cfm-B1-T50-L150-float32 |" in md and "| 1 | 28 |" in md and "| 21 / 0 |" in md
+    assert "| cfm-B1-T50-L150-float32 |" in md and "| 1 | 28 |" in md and "| 9 / 0 |" in md
 
 
 def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
@@ -70,15 +71,15 @@ def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
 def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(ort_artifacts, monkeypatch):
     import exporter.bench as bench
 
-    def boom(model, cache, device, B, N, P, trim, reps):
+    def boom(model, cache, device, B, N, P, trim, reps, **kw):
         if B == 2:
             raise RuntimeError("CUDA out of memory (simulated)")
-        return real(model, cache, device, B, N, P, trim, reps)
+        return real(model, cache, device, B, N, P, trim, reps, **kw)
 
     real = bench._stream_row
     monkeypatch.setattr(bench, "_stream_row", boom)
-    res = bench_dir(ort_artifacts, reps=1, warmup=1, peer=False, keys=["hift-B1-F50-S0-float32"],
-                    stream_batches=[2, 1])
+    res = bench_dir(ort_artifacts, reps=1, warmup=1, stream_reps=1, stream_warmup=1, peer=False,
+                    keys=["hift-B1-F50-S0-float32"], stream_batches=[2, 1])
     rows = [r for r in res["stream"] if "B" in r]
     assert rows[0] == {"B": 2, "chunk_tokens": 28, "prompt_frames": 100,
                        "error": "RuntimeError: CUDA out of memory (simulated)"}
@@ -90,13 +91,17 @@ def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(ort_artifacts, mo
 def test_bench_cli_writes_json_and_markdown_beside_the_artifacts_and_says_what_it_omits(
         artifacts_copy, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(app, ["bench", str(artifacts_copy), "--reps", "1", "--no-peer",
-                                 "--keys", "flow_encoder-B1-N28-C100-last0-float32", "--batches", "1"])
+    r = CliRunner().invoke(app, ["bench", str(artifacts_copy), "--reps", "1", "--warmup", "1", "--stream-reps", "1",
+                                 "--no-peer", "--keys", "flow_encoder-B1-N28-C100-last0-float32", "--batches", "1"])
     assert r.exit_code == 0, r.output
     assert not (tmp_path / "bench.json").exists()                    # not into the working directory
     out = artifacts_copy / "bench.json"
     res = json.loads(out.read_text())
     assert res["keys"][0]["id"] == "flow_encoder-B1-N28-C100-last0-float32"
+    # the counts asked for: 1 timed call per key and per streaming chunk, after 1 warm-up call
+    assert res["keys"][0]["engine"]["reps"] == res["keys"][0]["eager"]["reps"] == 1
+    stream = [s for s in res["stream"] if "B" in s]
+    assert [(s["B"], s["engines_steady"]["reps"], s["engines_steady"]["engine_calls"]) for s in stream] == [(1, 1, 6)]
     assert out.with_suffix(".md").read_text().startswith("Device cpu")
     # a CPU run of float32 artifacts leaves three sections out, and says why
     assert res["omitted"] == ["device memory the engines add at load: measured on CUDA only; this run is on the CPU",
@@ -141,8 +146,8 @@ def test_bench_cli_profile_resolves_the_export_dir(ort_artifacts, tmp_path, monk
     assert r.exit_code == 2 and "no artifact directory and no --profile" in r.output
     (tmp_path / "artifacts").mkdir()
     (tmp_path / "artifacts" / "cpu").symlink_to(ort_artifacts)        # where `c2w export --profile cpu` writes
-    r = CliRunner().invoke(app, ["bench", "--profile", "cpu", "--out", "b.json", "--reps", "1", "--no-peer",
-                                 "--keys", "hift-B1-F50-S0-float32", "--batches", "1"])
+    r = CliRunner().invoke(app, ["bench", "--profile", "cpu", "--out", "b.json", "--reps", "1", "--warmup", "1",
+                                 "--stream-reps", "1", "--no-peer", "--keys", "hift-B1-F50-S0-float32", "--batches", "1"])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "b.json").read_text())["keys"][0]["id"] == "hift-B1-F50-S0-float32"
 

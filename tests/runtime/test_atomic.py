@@ -40,8 +40,9 @@ def test_a_full_disk_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch)
 
 
 def test_exported_artifacts_are_readable_by_other_accounts(ort_artifacts):
-    """The session's artifacts were written under the test process's umask: every file gets
-    0o666 filtered by it (mkstemp's 0o600 locked out a serving account other than the builder)."""
+    """The session's artifacts were written by the exporter (in this session, or by command 1 into
+    artifacts/cpu and copied with their modes) under the shell's umask: every file gets 0o666
+    filtered by it (mkstemp's 0o600 locked out a serving account other than the builder)."""
     mask = os.umask(0)
     os.umask(mask)
     files = [p for p in ort_artifacts.rglob("*") if p.is_file()]

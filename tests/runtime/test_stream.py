@@ -36,6 +36,19 @@ def oracle_models(ckpt, cfg):
     return flow.eval(), hift.eval()
 
 
+@pytest.fixture
+def default_threads():
+    """PyTorch's default thread count, not the tests' one (tests/conftest.py): the session's 1e-4
+    bound (docs/numerics.md) holds at the default (2 threads on the CI machine: 7.6e-5), while the
+    session computed in another float order lands elsewhere (1 thread: 1.27e-4): the HiFT's
+    float32 NSF phase turns ulp-level differences into ~1e-4 of the PCM."""
+    from tests.conftest import DEFAULT_THREADS
+    n = torch.get_num_threads()
+    torch.set_num_threads(DEFAULT_THREADS)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """Our tiny model and the oracle with the same weights: hift.pt comes from the oracle (its
@@ -116,7 +129,7 @@ def _frames(st, tok, last):
 
 @pytest.mark.parametrize("trim_conformer", [True, False])
 @torch.inference_mode()
-def test_four_chunk_session_matches_oracle(pair, trim_conformer):
+def test_four_chunk_session_matches_oracle(pair, trim_conformer, default_threads):
     model, oflow, ohift = pair
     prompt, pmel, spk, chunks = session_inputs(model.cfg)
     want, _ = oracle_session(oflow, ohift, prompt, pmel, spk, chunks, trim_conformer)
