@@ -246,7 +246,7 @@ def test_plan_dry_run_and_export_pick_the_same_keys_for_fp16(tmp_path):
     budget = sum(w.values()) + sum(e.est_bytes for e in full.entries) - 1      # one byte short of all
     f = tmp_path / "fp16.yaml"
     f.write_text(f"name: fp16\nbudget_bytes: {budget}\nprecision: {{flow_encoder: float16, cfm: float16}}\n"
-                 "schedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3}\n")
+                 "schedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3, setup_keys: false}\n")
     plan = runner.invoke(app, ["plan", "--profile", str(f)])
     dry = runner.invoke(app, ["export", "--profile", str(f), "--out", str(tmp_path / "o"), "--dry-run"])
     n_plan = int(re.search(r"(\d+) keys to build", plan.output).group(1))
@@ -311,7 +311,7 @@ def _tmp_files(root):
 # small_profile() as a YAML file, with two encoder keys moved to the front (extra keys of the
 # first priority): the key these tests build, and the one whose export they stop, take seconds,
 # where a CFM key takes most of a minute on 2 cores. Still the same 8 keys.
-CHEAP_FIRST_KEYS_YAML = ("name: p\nschedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3}\n"
+CHEAP_FIRST_KEYS_YAML = ("name: p\nschedule: {prompt_frames: 100, batch_sizes: [1], max_chunks: 3, setup_keys: false}\n"
                          "extra_keys: [{component: flow_encoder, B: 1, N: 28, C: 150, last: 0},\n"
                          "             {component: flow_encoder, B: 1, N: 28, C: 200, last: 0}]\n"
                          "priority: [extra, steady, first, tail]\n")
