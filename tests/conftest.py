@@ -13,11 +13,11 @@ from exporter.profile import load_profile
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
 # One intra-op thread for PyTorch here and in the processes the tests start (the example server).
-# Most tests run the tiny model, whose ops are too small to split well over 2 cores; and two
-# threads waiting on each other lose badly whenever anything else runs (the ONNX Runtime sessions'
-# own threads included). Measured on this 2-core machine beside other jobs, this process at
-# raised priority: the full-size CFM parity test 28 s with one thread, 114 s with two; a 2-chunk
-# tiny session 14 s against 57 s.
+# Most tests run the tiny model, whose ops are too small to split well over 2 cores, and two
+# threads that wait on each other lose badly as soon as anything else wants a core. Measured on
+# this 2-core machine beside other jobs, this process at raised priority (nice -15): the full-size
+# CFM parity test 28 s with one thread, 114 s with two; a 2-chunk tiny session 14 s against 57 s.
+# Not measured on an idle machine, where two threads may win back some of the full-size tests.
 # C2W_TEST_THREADS=N sets another count.
 DEFAULT_THREADS = torch.get_num_threads()          # PyTorch's own choice: the cores it sees
 THREADS = int(os.environ.get("C2W_TEST_THREADS", "1"))
@@ -31,7 +31,7 @@ EXPORTED = ROOT / "artifacts" / "cpu"
 
 
 def small_profile(**schedule):
-    """profiles/cpu.yaml with one batch size and 3 chunks: 8 keys, ~3-4 min to build on 2 cores."""
+    """profiles/cpu.yaml with one batch size and 3 chunks: 8 keys, minutes to build on 2 cores."""
     p = load_profile("cpu")
     s = dataclasses.replace(p.schedule, batch_sizes=(1,), max_chunks=3, **schedule)
     return dataclasses.replace(p, schedule=s)
