@@ -564,10 +564,10 @@ class StreamServer:
                       else [s for s, _ in part]):
                 self._leave(s, flush=True)
             row_of = [R.rows.index(s) for s, _ in part] if in_place else list(range(n))
-        gens = [torch.Generator(device=self.device) for _ in range(size)]
-        tokens = [r0.tokens] * size
+        gens, tokens = [None] * size, [r0.tokens] * size
         for (s, r), i in zip(part, row_of):
             gens[i], tokens[i] = s.generator, r.tokens
+        gens = [torch.Generator(device=self.device) if g is None else g for g in gens]   # padding: throwaway noise
         tokens = torch.stack(tokens)
         if in_place:      # a shallow copy: the step replaces the state's tensors, never writes into them
             state = dataclasses.replace(R.state, generators=gens)
