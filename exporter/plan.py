@@ -113,9 +113,10 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
     weights: per-component weight bytes at the profile's precision (see weight_bytes).
     """
     first_cat: dict[ShapeKey, str] = {}
-    rank = {c: i for i, c in enumerate(profile.priority)}
-    rank = {c: rank.get(c, len(rank)) for c in {cat for cat, _ in stream_keys(cfg, profile)} | set(rank)}
-    for cat, key in stream_keys(cfg, profile):
+    keys = stream_keys(cfg, profile)
+    listed = {c: i for i, c in enumerate(profile.priority)}
+    rank = {cat: listed.get(cat, len(listed)) for cat, _ in keys}     # unlisted categories last
+    for cat, key in keys:
         if key not in first_cat or rank[cat] < rank[first_cat[key]]:
             first_cat[key] = cat
     ordered = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dims[0], k.component, k.dims))
