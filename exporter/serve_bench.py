@@ -166,7 +166,8 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
            "batches": calls, "engine_hit_rate": hits / max(1, hits + misses), "unit_calls": hits + misses,
            "pool_bytes": after_srv["pool_bytes"], "failed_chunks": after_srv.get("failed_chunks", 0)
            - before_srv.get("failed_chunks", 0),
-           **{k: after_srv.get(k, 0) - before_srv.get(k, 0) for k in ("voice_hits", "in_place_calls", "flushed_rows")}}
+           **{k: after_srv.get(k, 0) - before_srv.get(k, 0)
+              for k in ("voice_hits", "in_place_calls", "flushed_rows", "overlapped_batches")}}
     row["solo_check"] = solo_check(rt, ins[:check_streams], [log["pcm"] for log in logs[:check_streams]])
     return row
 
@@ -183,7 +184,7 @@ def solo_check(rt, ins, served) -> dict:
 
 
 def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: int = 28, steady_chunks: int = 8,
-                  stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0, voices: int = 0,
+                  stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0, voices: int = 0, lanes: int = 1,
                   check_streams: int = 2, reps: int = 10, seed: int = 0, save=lambda res: None) -> dict:
     import runtime
     from exporter.bench import _commit
@@ -193,7 +194,8 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
     res = {"artifact_dir": str(artifact_dir), "commit": _commit(), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "chunk_tokens": chunk_tokens, "steady_chunks": steady_chunks, "arrival": arrival,
-           "stagger_ms": stagger_ms, "max_wait_ms": max_wait_ms, "voices": voices, "prompt_frames": P, "levels": []}
+           "stagger_ms": stagger_ms, "max_wait_ms": max_wait_ms, "voices": voices, "lanes": lanes,
+           "prompt_frames": P, "levels": []}
     largest = max(concurrency)
     cfg = rt.model.cfg
     steady = (cfg.up_rate * (chunk_tokens - cfg.encoder.pre_lookahead), P + 100)     # the steady CFM (T, L)
@@ -203,7 +205,7 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
     res[f"direct_B{batch_ref}"] = direct_reference(rt, batch_ref, P, chunk_tokens, reps) if batch_ref > 1 else None
     res["batch_reference"] = batch_ref
     save(res)
-    with rt.serve(max_streams=largest, max_prompt_frames=P, max_wait_ms=max_wait_ms) as server:
+    with rt.serve(max_streams=largest, max_prompt_frames=P, max_wait_ms=max_wait_ms, lanes=lanes) as server:
         res["pool_copy_ms"] = {f"B={b}": pool_copy_ms(server.pool, b, reps) for b in sorted({1, batch_ref})}
         save(res)
         for N in concurrency:
@@ -247,6 +249,7 @@ def to_markdown(res: dict) -> str:
              f"{res['chunk_tokens']}-token chunks ({res['steady_chunks']} per stream after a 28-token first chunk, "
              f"then a {TAIL_TOKENS}-token final chunk), prompt {res['prompt_frames']} frames, arrivals "
              f"{res['arrival']} every {res['stagger_ms']} ms, max wait {res['max_wait_ms']} ms, "
+             f"{res.get('lanes', 1)} lane(s), "
              + (f"{res['voices']} voices shared by the streams." if res.get("voices") else "a prompt of its own per stream."),
              "",
              f"Direct `Runtime.step`, B=1: first chunk {ref1['first_ms']:.1f} ms, steady p50 "
@@ -268,6 +271,7 @@ def to_markdown(res: dict) -> str:
                      f"| {f(s['p50'])}/{f(s['p95'])} | {f(r['audio_s_per_s'])} | {f(r['steady_audio_s_per_s'])} "
                      f"| {f(r['rtf'], 3)} | {r['engine_hit_rate']:.2f} | {r.get('voice_hits', 0)} | "
                      + ", ".join(f"{k}: {v}" for k, v in r["batches"].items())
+                     + (f" ({r['overlapped_batches']} overlapped)" if r.get("overlapped_batches") else "")
                      + f" | {r['pool_bytes'] / 2**20:.0f} | {r['lost']}/{r['duplicated']}/{r['wrong_length']} "
                      f"| {r['solo_check']['worst_pcm_rel_l2']:.1e} |")
     lines += ["", *ratios(res)]
