@@ -234,7 +234,9 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
           arrival: str = typer.Option("fixed", help="--serve: fixed | poisson"),
           max_wait_ms: float = typer.Option(2.0, help="--serve: longest wait of a partial batch"),
           voices: int = typer.Option(0, help="--serve: streams share this many prompts (0: one per stream)"),
-          lanes: int = typer.Option(1, help="--serve: batches the server may run at the same time")):
+          lanes: int = typer.Option(1, help="--serve: batches the server may run at the same time"),
+          token_rate: float = typer.Option(0.0, help="--serve: tokens per second each client's LLM yields after "
+                                           "the first chunk (25 = real time; 0: closed loop, as fast as served)")):
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
     with --serve, concurrent streams through the stream server."""
     from exporter.bench import bench_dir, to_markdown, write
@@ -254,9 +256,11 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
             raise C2WUserError("--voices", voices, "0 (a prompt per stream) or a number of shared prompts")
         if lanes < 1:
             raise C2WUserError("--lanes", lanes, "1 or more")
+        if token_rate < 0:
+            raise C2WUserError("--token-rate", token_rate, "0 (closed loop) or a positive rate in tokens per second")
         res = serve_bench.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
                                         steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
-                                        max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, reps=reps,
+                                        max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate, reps=reps,
                                         save=lambda r: write(r, json_out, serve_bench.to_markdown))
         write(res, json_out, serve_bench.to_markdown)
         typer.echo(serve_bench.to_markdown(res))

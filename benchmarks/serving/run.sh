@@ -20,6 +20,10 @@ case "${1:-}" in
       sfx=$([ "$L" = 1 ] && echo "" || echo "_lanes$L")
       timeout ${S28:-200} python3 cli.py bench /tmp/art/all --serve --lanes $L --concurrency ${N28:-1,2,4,8,16,32,64} \
         --chunk-tokens 28 --steady-chunks 8 --out "$OUT/serve28$sfx.json" 2>&1 | grep -v Warning | tail -30
+      # PACED=<tokens/s>: the same with clients paced like an LLM yielding that many tokens per second
+      [ "${PACED:-0}" != 0 ] && timeout ${S28:-200} python3 cli.py bench /tmp/art/all --serve --lanes $L \
+        --concurrency ${N28:-1,2,4,8,16,32,64} --chunk-tokens 28 --steady-chunks 8 --token-rate $PACED \
+        --out "$OUT/serve28_paced$sfx.json" 2>&1 | grep -v Warning | tail -30
       timeout ${S78:-200} python3 cli.py bench /tmp/art/all --serve --lanes $L --concurrency ${N78:-1,8,32,64} \
         --chunk-tokens 78 --steady-chunks 10 --out "$OUT/serve78$sfx.json" 2>&1 | grep -v Warning | tail -30
     done

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+import types
 from pathlib import Path
 from collections import Counter
 
@@ -512,3 +514,47 @@ def test_a_scheduler_bug_fails_waiting_callers_instead_of_hanging_them(rt, monke
             srv.submit(h, s[3][0][0]).result(timeout=60)
     finally:
         srv.shutdown()
+
+
+def test_serving_benchmark_counts_every_chunk_and_paces_clients(serve_dir):
+    """`c2w bench --serve` on the tiny artifacts, clients paced at 200 tokens/s: every chunk
+    arrives once with its length and sampled streams equal their solo runs."""
+    from exporter.serve_bench import bench_serving, to_markdown
+    res = bench_serving(serve_dir, concurrency=[1, 3], steady_chunks=2, stagger_ms=5, token_rate=200.0,
+                        check_streams=1, reps=2)
+    assert [r["N"] for r in res["levels"]] == [1, 3] and res["token_rate"] == 200.0
+    for r in res["levels"]:
+        assert r["chunks"] == r["N"] * 4 and (r["lost"], r["duplicated"], r["wrong_length"], r["failed_chunks"]) == (0,) * 4
+        assert r["engine_hit_rate"] > 0.5 and r["solo_check"]["worst_pcm_rel_l2"] <= PCM_TOL
+    assert "paced at 200 tokens/s" in to_markdown(res)
+
+
+def test_paced_client_submits_no_chunk_before_its_tokens_exist():
+    """A paced client (token_rate r) submits chunk j >= 1 no earlier than r tokens per second
+    after its first chunk allows; the first chunk goes as soon as the prompt is ready."""
+    from concurrent.futures import Future
+    from exporter.serve_bench import _client
+
+    def done(value):
+        f = Future()
+        f.set_result(value)
+        return f
+
+    class Server:
+        def __init__(self):
+            self.t = []
+
+        def open_stream(self, *prompt):
+            return types.SimpleNamespace(ready=done(None))
+
+        def submit(self, handle, tokens, last=False):
+            self.t.append(time.perf_counter())
+            return done(torch.zeros(10))
+
+    sizes, rate = [28, 28, 28, 13], 400.0
+    ins = (None, None, None, [(torch.zeros(n, dtype=torch.long), i == 3) for i, n in enumerate(sizes)])
+    srv, log = Server(), {"chunks": [], "pcm": []}
+    _client(srv, ins, 0.0, time.perf_counter(), log, token_rate=rate)
+    for j in range(1, len(sizes)):
+        assert srv.t[j] - srv.t[0] >= sum(sizes[1:j + 1]) / rate - 1e-3, j
+    assert srv.t[1] - srv.t[0] < sizes[1] / rate + 0.05         # and not much later (loose: a loaded CPU)
