@@ -206,7 +206,7 @@ def verify(out: Path = typer.Argument(..., help="artifact directory"),
         raise typer.Exit(1)
     budget = verify_budget(out, manifest, device)
     for line in budget.lines:
-        console.print(f"budget: {line}", highlight=False, markup=False)
+        console.print(f"budget: {line}", highlight=False, markup=False, soft_wrap=True)
     for problem in budget.problems:
         console.print(f"FAIL {problem}", highlight=False, markup=False, soft_wrap=True)
     raise typer.Exit(1 if budget.problems else 0)
@@ -223,8 +223,8 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
     n = sum(e.status == Status.BUILT for e in m.entries)
     over = sum(e.status == Status.OVER_BUDGET for e in m.entries)
     console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}", highlight=False)
-    console.print(f"{over} keys over the budget of the whole; measure the merged directory with c2w verify",
-                  highlight=False)
+    console.print(f"{over} keys over the budget of the whole (by the shards' measurements); c2w verify measures the "
+                  "merged directory", highlight=False)
 
 
 @app.command()

@@ -156,7 +156,7 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
                     run.build(name, pks, units[name])
                 run.admit(pks)
                 write_manifest(out_dir, run.manifest)
-        progress("measuring the directory in a fresh process", len(groups), len(groups))
+        progress("measuring the directory", len(groups), len(groups))
         run.measure_final()
     except KeyboardInterrupt:
         write_manifest(out_dir, run.manifest)

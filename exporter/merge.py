@@ -62,12 +62,11 @@ def merge_dirs(out: Path, shards: list[Path]) -> Manifest:
             e.status, e.error = Status.OVER_BUDGET, f"c2w merge: {ledger.over_budget_reason(e)}"
         if e.status == Status.BUILT:
             ledger.keep(e)
+            weights = e.extra.get("weights_files", [])                  # ONNX Runtime's shared weights
             if Path(s).resolve() != out.resolve():
-                _copy(s / e.artifact, out / e.artifact)
-            for rel in e.extra.get("weights_files", []):               # ONNX Runtime's shared weights
-                if Path(s).resolve() != out.resolve():
+                for rel in [e.artifact, *weights]:
                     _copy(s / rel, out / rel)
-                merged.shared[rel] = files[rel]
+            merged.shared.update({rel: files[rel] for rel in weights})
         merged.entries.append(e)
     in_use = {e.artifact for e in merged.entries if e.status == Status.BUILT}
     for e in merged.entries:               # merging into a shard's own directory: what it no longer serves goes
