@@ -1,19 +1,14 @@
-"""Sweep planning: the exact ShapeKeys a profile's streams hit, their byte estimates, the budget cut.
-
-The schedule is simulated the way runtime.stream drives a stream: prompt P frames, then chunks of
-N tokens (2 (N - 3) mel frames each); the estimator cache goes P -> P+T -> ... and is trimmed to
-P + 100 (the conformer cache too when `trim_conformer`); HiFT sees T frames with no cache first,
-then T + 8 frames with the 3840-sample source cache.
+"""Sweep planning: the exact ShapeKeys a profile's streams hit (exporter.sessions), their byte
+estimates, the budget cut.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exporter.sessions import stream_keys  # noqa: F401  (the planner's keys; callers import it from here)
 from runtime.errors import C2WUserError
 from runtime.model.config import ModelConfig
-from runtime.stream import KEEP_RECENT
 from runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
-
 
 
 @dataclass(frozen=True)
@@ -45,41 +40,6 @@ class Plan:
         weights = sum(self.weight_bytes[c] for c in comps) if self.shares_weights else \
             sum(self.weight_bytes[e.key.component] for e in self.selected)
         return weights + sum(e.est_bytes for e in self.selected)
-
-
-def _trim(n: int, prompt: int) -> int:
-    return n if n <= prompt + KEEP_RECENT else prompt + KEEP_RECENT
-
-
-def stream_keys(cfg: ModelConfig, profile) -> list[tuple[str, ShapeKey]]:
-    """(category, key) for every chunk of every (batch, chunk size) stream, in stream order."""
-    s, prec = profile.schedule, profile.precision
-    hift_cache = cfg.hift_source_cache
-    out = []
-    for B in s.batch_sizes:
-        if s.setup_keys:           # the prompt set-up: P/2 tokens + 3 lookahead, empty caches
-            P = s.prompt_frames
-            out.append(("setup", ShapeKey("flow_encoder", (B, P // cfg.up_rate + cfg.encoder.pre_lookahead, 0, 0),
-                                          prec.flow_encoder)))
-            out.append(("setup", ShapeKey("cfm", (B, P, 0), prec.cfm)))
-        for N in s.chunk_tokens:
-            T = cfg.up_rate * (N - cfg.encoder.pre_lookahead)
-            C = L = s.prompt_frames
-            for i in range(s.max_chunks):
-                cat = "first" if i == 0 else "steady"
-                out.append((cat, ShapeKey("flow_encoder", (B, N, C, 0), prec.flow_encoder)))
-                out.append((cat, ShapeKey("cfm", (B, T, L), prec.cfm)))
-                out.append((cat, ShapeKey("hift", (B, T, 0) if i == 0 else (B, T + cfg.hift_mel_cache, hift_cache),
-                                          prec.hift)))
-                C = _trim(C + T, s.prompt_frames) if s.trim_conformer else C + T
-                L = _trim(L + T, s.prompt_frames)
-            for n in s.tail_tokens:        # the final chunk, after the steady state
-                Tt = cfg.up_rate * n
-                out.append(("tail", ShapeKey("flow_encoder", (B, n, C, 1), prec.flow_encoder)))
-                out.append(("tail", ShapeKey("cfm", (B, Tt, L), prec.cfm)))
-                out.append(("tail", ShapeKey("hift", (B, Tt + cfg.hift_mel_cache, hift_cache), prec.hift)))
-    out += [("extra", k) for k in profile.extra_keys]
-    return out
 
 
 def estimate_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
