@@ -103,22 +103,33 @@ def _load(profile: str, backend: Optional[str], model: Optional[str]):
 def plan(profile: str = typer.Option(..., "--profile", "-p", help="profile YAML or bundled name (cpu, h100, h200)"),
          backend: Optional[str] = typer.Option(None, help="override the profile's backend"),
          model: Optional[str] = typer.Option(None, help="override the profile's model spec")):
-    """Print the exact keys the profile's streams hit, their estimates and the budget cut."""
+    """Print the exact keys the profile's streams hit, their estimates and the budget cut; with a
+    traffic section, each key's expected calls and saved ms, and the predicted engine hit rate."""
     from exporter.plan import dims_str, make_plan, precision_weights
     from runtime.model.weights import load_model
     p = _load(profile, backend, model)
     m = load_model(p.model)
     pl = make_plan(m.cfg, p, precision_weights(m, p))
-    console.print(f"profile [bold]{p.name}[/] ({p.source}), model {p.model}, backend {p.backend}, "
-                  f"budget {p.budget_bytes / 2**20:.0f} MiB")
+    console.print(f"profile [bold]{p.name}[/] ({p.source}, digest {p.digest}), model {p.model} (digest {m.digest}), "
+                  f"backend {p.backend}, budget {p.budget_bytes / 2**20:.0f} MiB", highlight=False, soft_wrap=True)
     for c, w in pl.weight_bytes.items():
         console.print(f"  weights {c}: {w / 2**20:.1f} MiB (once)")
+    if pl.prediction:
+        console.print("  in order of expected ms saved per byte; calls: per session; saved: ms per call")
     for e in pl.entries:
         mark = "build" if e.selected else "skip (budget)"
+        use = "" if e.calls_per_session is None else \
+            f"calls {e.calls_per_session:7.3f}  saved {e.saved_ms_per_call:9.3f}  "
         typer.echo(f"  {e.key.component:12s} {dims_str(e.key):28s} {e.key.dtype:8s} {e.category:6s} "
-                   f"est {e.est_bytes / 2**20:8.1f} MiB  {mark}")
+                   f"est {e.est_bytes / 2**20:8.1f} MiB  {use}{mark}")
     console.print(f"{len(pl.selected)} keys to build, {len(pl.skipped)} skipped by budget; planned total "
                   f"{pl.planned_total() / 2**20:.1f} MiB of {p.budget_bytes / 2**20:.0f} MiB")
+    if pl.prediction:
+        new, old = pl.prediction, pl.baseline
+        console.print(f"traffic: predicted engine hit rate {new.hit_rate:.1%} of {new.calls_per_session:.1f} unit "
+                      f"calls per session, {new.saved_ms_per_session:.1f} ms saved per session (priority order: "
+                      f"{old.hit_rate:.1%}, {old.saved_ms_per_session:.1f} ms)", highlight=False, soft_wrap=True)
+        console.print(f"timings: {pl.timing_source}", highlight=False, soft_wrap=True)
     for n in pl.notes:
         console.print(f"note: {n}")
 
