@@ -223,6 +223,17 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
     console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}")
 
 
+def _traffic_profile(out: Path, profile: Optional[str]):
+    """The profile whose traffic mix `c2w bench --traffic` runs: --profile, else the manifest's."""
+    from exporter.profile import load_profile
+    from runtime.manifest import read_manifest
+    p = _load(profile, None, None) if profile else load_profile(read_manifest(out).profile["source"])
+    if p.traffic is None:
+        raise C2WUserError("--traffic", f"profile {p.source} without a traffic section",
+                           "a profile with a traffic section (docs/profiles.md)", "Name one with --profile.")
+    return p
+
+
 @app.command()
 @user_errors
 def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (default: artifacts/<profile name>)"),
@@ -244,10 +255,15 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
           stagger_ms: float = typer.Option(20.0, help="--serve: mean gap between stream arrivals"),
           arrival: str = typer.Option("fixed", help="--serve: fixed | poisson"),
           max_wait_ms: float = typer.Option(2.0, help="--serve: longest wait of a partial batch"),
-          voices: int = typer.Option(0, help="--serve: streams share this many prompts (0: one per stream)")):
+          voices: int = typer.Option(0, help="--serve: streams share this many prompts (0: one per stream)"),
+          calibration: Optional[Path] = typer.Option(None, help="per-key eager and engine ms for the planner's "
+                                                     "traffic section (default: calibration.json beside --out)"),
+          traffic: bool = typer.Option(False, "--traffic", help="one session of each kind in the profile's traffic "
+                                       "mix: measured engine hit rate vs the planner's prediction (the --profile's "
+                                       "mix, else that of the profile the manifest names)")):
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
     with --serve, concurrent streams through the stream server."""
-    from exporter.bench import bench_dir, to_markdown, write
+    from exporter.bench import bench_dir, to_markdown, write, write_calibration
     _quiet(False)
     if out is None:
         if profile is None:
@@ -272,9 +288,13 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
     warm = {} if warmup is None else {"warmup": warmup, "stream_warmup": warmup}
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
                     stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer,
-                    out=json_out, stream_reps=stream_reps, **warm)
+                    out=json_out, stream_reps=stream_reps, traffic=_traffic_profile(out, profile) if traffic else None,
+                    **warm)
     write(res, json_out)
     typer.echo(to_markdown(res))
+    calibration = calibration or json_out.with_name("calibration.json")
+    n = write_calibration(res, calibration)
+    typer.echo(f"calibration: {n} keys -> {calibration}" if n else "calibration: no key was timed; none written")
 
 
 if __name__ == "__main__":

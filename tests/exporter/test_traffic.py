@@ -1,15 +1,17 @@
 """Traffic-weighted selection: calls per session, timings, ranking, prediction, profile errors."""
 import dataclasses
+import json
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from cli import app
+from exporter.bench import bench_traffic, calibration
 from exporter.flops import unit_flops
 from exporter.plan import make_plan, precision_weights
 from exporter.profile import Traffic, load_profile, parse_profile
-from exporter.traffic import session_calls, usage
+from exporter.traffic import key_timings, session_calls, usage
 from runtime.errors import C2WUserError
 from runtime.model.weights import load_model
 from runtime.units import ShapeKey
@@ -132,6 +134,46 @@ def test_unit_flops_match_torch_flop_counter():
         assert unit_flops(cfg, key) == pytest.approx(counter.get_total_flops(), rel=1e-3), key.id
 
 
+def _bench_result(p, rows):
+    return {"device": "cpu", "backend": {"name": p.backend, "version": "x"},
+            "model": {"spec": "random:tiny", "digest": "d", "config": "tiny"},
+            "precision": dataclasses.asdict(p.precision), "torch": torch.__version__, "commit": "c", "date": "now",
+            "keys": [{"id": k.id, "component": k.component, "dims": dict(zip(("B", "T", "L"), k.dims)),
+                      "dtype": k.dtype, "eager": {"median_ms": e}, "engine": {"median_ms": g},
+                      "served_variant": "engine"} for k, e, g in rows]}
+
+
+def test_calibration_timings_measured_then_fitted_per_component(tiny, tmp_path):
+    p = _profile()
+    a, b = _cfm(1, 100), _cfm(2, 200)
+    fa, fb = unit_flops(tiny.cfg, a), unit_flops(tiny.cfg, b)
+    cal = calibration(_bench_result(p, [(a, 100.0, 10.0), (b, 150.0, 20.0)]))
+    cal["keys"].append({"key": {"component": "cfm", "B": 1, "T": 50, "L": 150, "dtype": "float32"}})  # no times
+    f = tmp_path / "calibration.json"
+    f.write_text(json.dumps(cal))
+    tr = Traffic(batch_sizes=((1, 1.0),), chunk_tokens=((28, 1.0),), session_chunks=((4, 1.0),), calibration=str(f))
+    with pytest.raises(C2WUserError, match=r"keys\[2\]: received eager_ms None, engine_ms None; expected positive"):
+        key_timings(tiny.cfg, [a], dataclasses.replace(p, traffic=tr))
+    del cal["keys"][2]
+    f.write_text(json.dumps(cal))
+    mid, hift = _cfm(1, 150), ShapeKey("hift", (1, 58, 3840), "float32")
+    t, source = key_timings(tiny.cfg, [a, b, mid, hift], dataclasses.replace(p, traffic=tr))
+    assert (t[a].eager_ms, t[a].engine_ms, t[a].source) == (100.0, 10.0, "measured")
+    fm = unit_flops(tiny.cfg, mid)                  # on the line through the two measured keys
+    assert t[mid].eager_ms == pytest.approx(100 + 50 * (fm - fa) / (fb - fa))
+    assert t[mid].engine_ms == pytest.approx(10 + 10 * (fm - fa) / (fb - fa)) and t[mid].source == "fitted"
+    # HiFT was not measured: the timing model, said so in the source line
+    assert t[hift].source == "model" and t[hift].saved_ms == pytest.approx(
+        unit_flops(tiny.cfg, hift) / 0.02e12 * 1e3 * (1 - 1 / 3))
+    assert "2 keys measured" in source and "hift: timing model" in source
+    # timings of another set-up are refused
+    for field, value, what in (("device", "NVIDIA H200", "device type"), ("precision", {"cfm": "float16"}, "precision"),
+                               ("format", "other", "format")):
+        f.write_text(json.dumps({**cal, field: value}))
+        with pytest.raises(C2WUserError, match=what):
+            key_timings(tiny.cfg, [a], dataclasses.replace(p, traffic=tr))
+
+
 BASE = {"batch_sizes": {1: 0.5, 2: 0.5}, "chunk_tokens": {28: 1.0}, "session_chunks": {4: 0.5, 10: 0.5}}
 
 
@@ -171,3 +213,23 @@ def test_plan_prints_the_predicted_hit_rate(tmp_path, tiny):
     # ranked first: the B=2 steady CFM key, hit by chunks 3-12 of the 12-chunk sessions: 0.8 x 0.5 x 10
     first = next(x for x in result.output.splitlines() if x.startswith("  cfm"))
     assert "B=2 T=50 L=200" in first and "calls   4.000" in first and first.endswith("build")
+
+
+def test_bench_measures_the_hit_rate_the_planner_predicts(ort_artifacts):
+    """A session through the real driver and the directory's engines: its two chunks' keys (first,
+    then steady with grown caches) are built, the set-up's and the final chunk's are not. The
+    measured share of engine calls is the planner's prediction: 6 of 2 + 2 x 3 + 3."""
+    tr = Traffic(batch_sizes=((1, 1.0),), chunk_tokens=((28, 1.0),), session_chunks=((2, 1.0),),
+                 tail_tokens=((13, 1.0),))
+    res = bench_traffic(ort_artifacts, dataclasses.replace(small_profile(), traffic=tr))
+    assert [(r["chunks"], r["engine_calls"], r["eager_calls"]) for r in res["sessions"]] == [(2, 6, 5)]
+    assert res["measured_hit_rate"] == pytest.approx(6 / 11, abs=1e-12)
+    assert res["predicted_hit_rate"] == pytest.approx(6 / 11, abs=1e-12)
+
+
+def test_bench_traffic_needs_a_profile_with_traffic(ort_artifacts, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["bench", str(ort_artifacts), "--traffic", "--profile", "cpu"])
+    assert result.exit_code == 2
+    assert "--traffic: received profile" in result.output and "without a traffic section" in result.output
+    assert not (ort_artifacts / "bench.json").exists()
