@@ -197,6 +197,14 @@ def test_bad_traffic_sections_are_clear_errors(traffic, schedule, match, tmp_pat
         parse_profile({"traffic": traffic, "schedule": schedule}, str(tmp_path / "p.yaml"))
 
 
+def test_bundled_gpu_profiles_declare_traffic():
+    for name in ("h200", "h100"):
+        tr = load_profile(name).traffic
+        assert tr is not None and abs(sum(s for _, s in tr.batch_sizes) - 1) < 1e-9
+    assert load_profile("h200").traffic.calibration.endswith("run5_core/calibration.json")
+    assert load_profile("cpu").traffic is None
+
+
 def test_plan_prints_the_predicted_hit_rate(tmp_path, tiny):
     f = tmp_path / "t.yaml"
     f.write_text("budget_bytes: 300MiB\nschedule: {prompt_frames: 100, batch_sizes: [1, 2], max_chunks: 4, "
