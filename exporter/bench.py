@@ -12,6 +12,7 @@ the peer row. Never asserts a time.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -500,16 +501,19 @@ def bench_traffic(artifact_dir: Path, profile, model=None) -> dict:
     engine cache: the share of unit calls an engine served, weighted by each kind's share, next
     to what the planner predicts for the keys built here. A final chunk of unknown size (no
     traffic.tail_tokens) is not run and counts as UNKNOWN_TAIL_CALLS misses, as in the prediction.
+    The mix is the profile's; the schedule and precision are the ones the artifacts were built with.
     model: the directory's model at its precision on its device (default: loaded here)."""
+    from exporter.profile import Precision, Schedule
     from exporter.traffic import UNKNOWN_TAIL_CALLS, session_calls
     manifest = read_manifest(artifact_dir)
+    profile = dataclasses.replace(profile, precision=Precision(**manifest.precision), schedule=Schedule(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in manifest.schedule.items()}))
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
     if model is None:
         model = load_model(manifest.model["spec"])
         model.to(device, {c: dtype_of(manifest.precision[c]) for c in SPECS})
     cache = EngineCache(artifact_dir, model, device)
-    sched, tr = manifest.schedule, profile.traffic
-    P, trim = sched.get("prompt_frames", 300), sched.get("trim_conformer", True)
+    tr, P, trim = profile.traffic, profile.schedule.prompt_frames, profile.schedule.trim_conformer
     calls, total = session_calls(model.cfg, profile)
     built = {entry_key(e) for e in manifest.entries if e.status == "built"}
     predicted = sum(n for k, n in calls.items() if k in built) / total

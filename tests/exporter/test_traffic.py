@@ -226,10 +226,13 @@ def test_plan_prints_the_predicted_hit_rate(tmp_path, tiny):
 def test_bench_measures_the_hit_rate_the_planner_predicts(ort_artifacts):
     """A session through the real driver and the directory's engines: its two chunks' keys (first,
     then steady with grown caches) are built, the set-up's and the final chunk's are not. The
-    measured share of engine calls is the planner's prediction: 6 of 2 + 2 x 3 + 3."""
+    measured share of engine calls is the planner's prediction: 6 of 2 + 2 x 3 + 3. The profile
+    gives the mix only: its other prompt length is overridden by the one the artifacts were built for."""
     tr = Traffic(batch_sizes=((1, 1.0),), chunk_tokens=((28, 1.0),), session_chunks=((2, 1.0),),
                  tail_tokens=((13, 1.0),))
-    res = bench_traffic(ort_artifacts, dataclasses.replace(small_profile(), traffic=tr))
+    p = small_profile()
+    p = dataclasses.replace(p, schedule=dataclasses.replace(p.schedule, prompt_frames=300), traffic=tr)
+    res = bench_traffic(ort_artifacts, p)
     assert [(r["chunks"], r["engine_calls"], r["eager_calls"]) for r in res["sessions"]] == [(2, 6, 5)]
     assert res["measured_hit_rate"] == pytest.approx(6 / 11, abs=1e-12)
     assert res["predicted_hit_rate"] == pytest.approx(6 / 11, abs=1e-12)
