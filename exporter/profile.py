@@ -219,14 +219,16 @@ def parse_profile(data: dict, source: str = "<dict>") -> Profile:
     return Profile(source=source, digest=hashlib.sha256(canon).hexdigest()[:16], **kw)
 
 
-_SHARE_MINIMUM = {"batch_sizes": 1, "chunk_tokens": 4, "session_chunks": 1, "tail_tokens": 1}
+# traffic maps: smallest size and an example
+_SHARES = {"batch_sizes": (1, "{1: 0.6, 8: 0.4}"), "chunk_tokens": (4, "{28: 0.7, 78: 0.3}"),
+           "session_chunks": (1, "{4: 0.5, 10: 0.5}"), "tail_tokens": (1, "{13: 0.5, 20: 0.5}")}
 SHARE_SUM_TOLERANCE = 1e-3
 MAX_SESSION_CHUNKS = 10_000
 
 
-def _shares(where: str, v, minimum: int) -> tuple[tuple[int, float], ...]:
+def _shares(where: str, v, minimum: int, example: str) -> tuple[tuple[int, float], ...]:
     """{value: share} with integer values >= minimum, shares >= 0 summing to 1."""
-    example = "a mapping of sizes to shares summing to 1, e.g. {1: 0.6, 8: 0.4}"
+    example = f"a mapping of sizes to shares summing to 1, e.g. {example}"
     if not isinstance(v, dict) or not v:
         raise C2WUserError(where, repr(v), example)
     bad_keys = [k for k in v if not isinstance(k, int) or isinstance(k, bool) or k < minimum]
@@ -249,7 +251,7 @@ def _parse_traffic(t, schedule: Schedule, source: str, w) -> Traffic:
     if missing:
         raise C2WUserError(where, f"no {missing}", "batch_sizes, chunk_tokens and session_chunks, each a mapping "
                            "of sizes to shares", "See docs/profiles.md, section Traffic.")
-    kw = {k: _shares(w(f"traffic.{k}"), t[k], _SHARE_MINIMUM[k]) for k in _SHARE_MINIMUM if k in t}
+    kw = {k: _shares(w(f"traffic.{k}"), t[k], *_SHARES[k]) for k in _SHARES if k in t}
     longest = max(n for n, _ in kw["session_chunks"])
     if longest > MAX_SESSION_CHUNKS:
         raise C2WUserError(w("traffic.session_chunks"), f"a session of {longest} chunks",
@@ -259,16 +261,12 @@ def _parse_traffic(t, schedule: Schedule, source: str, w) -> Traffic:
         raise C2WUserError(w("traffic.tail_tokens"), "nothing", f"the shares of final-chunk sizes, since "
                            f"schedule.tail_tokens builds final-chunk keys {list(schedule.tail_tokens)}",
                            "Add e.g. tail_tokens: {13: 0.5, 20: 0.5}.")
-    if "engine_speedup" in t:
-        x = t["engine_speedup"]
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 1:
-            raise C2WUserError(w("traffic.engine_speedup"), repr(x), "a number > 1 (eager time / engine time)")
-        kw["engine_speedup"] = float(x)
-    if "eager_tflops" in t:
-        x = t["eager_tflops"]
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
-            raise C2WUserError(w("traffic.eager_tflops"), repr(x), "a positive number (TFLOP/s)")
-        kw["eager_tflops"] = float(x)
+    for name, above, what in (("engine_speedup", 1, "eager time / engine time"), ("eager_tflops", 0, "TFLOP/s")):
+        if name in t:
+            x = t[name]
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > above:
+                raise C2WUserError(w(f"traffic.{name}"), repr(x), f"a number > {above} ({what})")
+            kw[name] = float(x)
     if "calibration" in t:
         rel = _typed(w("traffic.calibration"), t["calibration"], str)
         path = Path(rel) if os.path.isabs(rel) else Path(source).parent / rel
