@@ -14,6 +14,7 @@ calibration, the timing model: eager ms = FLOPs / eager_tflops, engine ms = eage
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,7 +121,7 @@ def load_calibration(path: str | Path, profile, cfg: ModelConfig) -> Calibration
     want = {"device type": ("cpu" if profile.device == "cpu" else "cuda",
                             "cpu" if device == "cpu" else "cuda"),
             "backend": (profile.backend, (data.get("backend") or {}).get("name")),
-            "precision": (_precision(profile), data.get("precision")),
+            "precision": (dataclasses.asdict(profile.precision), data.get("precision")),
             "model config": (cfg.name, (data.get("model") or {}).get("config"))}
     for what, (expected, got) in want.items():
         if expected != got:
@@ -140,11 +141,6 @@ def load_calibration(path: str | Path, profile, cfg: ModelConfig) -> Calibration
         raise C2WUserError(where, "no timed keys", "at least one key's eager and engine times",
                            "Re-run c2w bench; a key whose engine failed to run is left out of the file.")
     return Calibration(str(path), device, measured)
-
-
-def _precision(profile) -> dict:
-    p = profile.precision
-    return {"flow_encoder": p.flow_encoder, "cfm": p.cfm, "hift": p.hift, "tf32": p.tf32}
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
