@@ -35,6 +35,12 @@ def _cfm(B, L, T=50):
     return ShapeKey("cfm", (B, T, L), "float32")
 
 
+def _priority_rate(model, profile, tr, plan) -> float:
+    """The hit rate of a plan made without traffic, under traffic `tr` (computed independently)."""
+    use = usage(model.cfg, dataclasses.replace(profile, traffic=tr), [e.key for e in plan.entries])
+    return use.predict([e.key for e in plan.selected]).hit_rate
+
+
 def test_calls_per_session_follow_the_stream(tiny):
     # B=1, 28-token chunks (T=50 frames, P=100): half the sessions have 1 chunk, half 3, then a
     # 13-token final chunk; each sets up its prompt once
@@ -73,24 +79,18 @@ def test_the_key_every_steady_chunk_hits_wins_over_the_once_per_stream_key(tiny)
     assert (calls[_cfm(1, 150)], calls[_cfm(1, 200)]) == (1.0, 8.0)
     assert plan.planned_total() <= p.budget_bytes
     # every non-CFM key is kept either way; the traffic's choice serves 7 more CFM calls per session
-    assert plan.prediction.hit_rate - by_priority_rate(tiny, p, tr, by_priority) == pytest.approx(7 / 35)
-
-
-def by_priority_rate(model, profile, tr, plan) -> float:
-    """The hit rate of a plan made without traffic, under traffic `tr` (computed independently)."""
-    use = usage(model.cfg, dataclasses.replace(profile, traffic=tr), [e.key for e in plan.entries])
-    return use.predict([e.key for e in plan.selected]).hit_rate
+    assert plan.prediction.hit_rate - _priority_rate(tiny, p, tr, by_priority) == pytest.approx(7 / 35)
 
 
 def test_traffic_beats_priority_on_a_tight_budget(tiny):
     """Stated mix: 80 % of sessions at B=2, half of them 2 chunks long, half 12; 300 MiB for a
-    sweep whose keys and weights need 1.1 GiB. The priority order fills B=1 keys first."""
+    sweep whose keys and weights need 737 MiB. The priority order fills B=1 keys first."""
     tr = Traffic(batch_sizes=((1, 0.2), (2, 0.8)), chunk_tokens=((28, 1.0),), session_chunks=((2, 0.5), (12, 0.5)))
     p = _profile(budget_bytes=300 << 20)
     w = precision_weights(tiny, p)
     by_priority = make_plan(tiny.cfg, p, w)
     plan = make_plan(tiny.cfg, dataclasses.replace(p, traffic=tr), w)
-    old = by_priority_rate(tiny, p, tr, by_priority)
+    old = _priority_rate(tiny, p, tr, by_priority)
     assert plan.baseline.hit_rate == pytest.approx(old)          # the plan's own comparison agrees
     assert plan.prediction.hit_rate == pytest.approx(0.692, abs=0.005)
     assert old == pytest.approx(0.585, abs=0.005)
