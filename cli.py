@@ -103,22 +103,33 @@ def _load(profile: str, backend: Optional[str], model: Optional[str]):
 def plan(profile: str = typer.Option(..., "--profile", "-p", help="profile YAML or bundled name (cpu, h100, h200)"),
          backend: Optional[str] = typer.Option(None, help="override the profile's backend"),
          model: Optional[str] = typer.Option(None, help="override the profile's model spec")):
-    """Print the exact keys the profile's streams hit, their estimates and the budget cut."""
+    """Print the exact keys the profile's streams hit, their estimates and the budget cut; with a
+    traffic section, each key's expected calls and saved ms, and the predicted engine hit rate."""
     from exporter.plan import dims_str, make_plan, precision_weights
     from runtime.model.weights import load_model
     p = _load(profile, backend, model)
     m = load_model(p.model)
     pl = make_plan(m.cfg, p, precision_weights(m, p))
-    console.print(f"profile [bold]{p.name}[/] ({p.source}), model {p.model}, backend {p.backend}, "
-                  f"budget {p.budget_bytes / 2**20:.0f} MiB")
+    console.print(f"profile [bold]{p.name}[/] ({p.source}, digest {p.digest}), model {p.model} (digest {m.digest}), "
+                  f"backend {p.backend}, budget {p.budget_bytes / 2**20:.0f} MiB", highlight=False, soft_wrap=True)
     for c, w in pl.weight_bytes.items():
         console.print(f"  weights {c}: {w / 2**20:.1f} MiB (once)")
+    if pl.prediction:
+        console.print("  in order of expected ms saved per byte; calls: per session; saved: ms per call")
     for e in pl.entries:
         mark = "build" if e.selected else "skip (budget)"
+        use = "" if e.calls_per_session is None else \
+            f"calls {e.calls_per_session:7.3f}  saved {e.saved_ms_per_call:9.3f}  "
         typer.echo(f"  {e.key.component:12s} {dims_str(e.key):28s} {e.key.dtype:8s} {e.category:6s} "
-                   f"est {e.est_bytes / 2**20:8.1f} MiB  {mark}")
+                   f"est {e.est_bytes / 2**20:8.1f} MiB  {use}{mark}")
     console.print(f"{len(pl.selected)} keys to build, {len(pl.skipped)} skipped by budget; planned total "
                   f"{pl.planned_total() / 2**20:.1f} MiB of {p.budget_bytes / 2**20:.0f} MiB")
+    if pl.prediction:
+        new, old = pl.prediction, pl.baseline
+        console.print(f"traffic: predicted engine hit rate {new.hit_rate:.1%} of {new.calls_per_session:.1f} unit "
+                      f"calls per session, {new.saved_ms_per_session:.1f} ms saved per session (priority order: "
+                      f"{old.hit_rate:.1%}, {old.saved_ms_per_session:.1f} ms)", highlight=False, soft_wrap=True)
+        console.print(f"timings: {pl.timing_source}", highlight=False, soft_wrap=True)
     for n in pl.notes:
         console.print(f"note: {n}")
 
@@ -227,6 +238,17 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
                   "merged directory", highlight=False)
 
 
+def _traffic_profile(out: Path, profile: Optional[str]):
+    """The profile whose traffic mix `c2w bench --traffic` runs: --profile, else the manifest's."""
+    from exporter.profile import load_profile
+    from runtime.manifest import read_manifest
+    p = _load(profile, None, None) if profile else load_profile(read_manifest(out).profile["source"])
+    if p.traffic is None:
+        raise C2WUserError("--traffic", f"profile {p.source} without a traffic section",
+                           "a profile with a traffic section (docs/profiles.md)", "Name one with --profile.")
+    return p
+
+
 @app.command()
 @user_errors
 def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (default: artifacts/<profile name>)"),
@@ -251,10 +273,15 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
           voices: int = typer.Option(0, help="--serve: streams share this many prompts (0: one per stream)"),
           lanes: int = typer.Option(1, help="--serve: batches the server may run at the same time"),
           token_rate: float = typer.Option(0.0, help="--serve: tokens per second each client's LLM yields after "
-                                           "the first chunk (25 = real time; 0: closed loop, as fast as served)")):
+                                           "the first chunk (25 = real time; 0: closed loop, as fast as served)"),
+          calibration: Optional[Path] = typer.Option(None, help="per-key eager and engine ms for the planner's "
+                                                     "traffic section (default: calibration.json beside --out)"),
+          traffic: bool = typer.Option(False, "--traffic", help="one session of each kind in the profile's traffic "
+                                       "mix: measured engine hit rate vs the planner's prediction (the --profile's "
+                                       "mix, else that of the profile the manifest names)")):
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
     with --serve, concurrent streams through the stream server."""
-    from exporter.bench import bench_dir, to_markdown, write
+    from exporter.bench import bench_dir, to_markdown, write, write_calibration
     _quiet(False)
     if out is None:
         if profile is None:
@@ -275,17 +302,21 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
             raise C2WUserError("--token-rate", token_rate, "0 (closed loop) or a positive rate in tokens per second")
         res = serve_bench.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
                                         steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
-                                        max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate, reps=reps,
-                                        save=lambda r: write(r, json_out, serve_bench.to_markdown))
+                                        max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate,
+                                        reps=reps, save=lambda r: write(r, json_out, serve_bench.to_markdown))
         write(res, json_out, serve_bench.to_markdown)
         typer.echo(serve_bench.to_markdown(res))
         return
     warm = {} if warmup is None else {"warmup": warmup, "stream_warmup": warmup}
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
                     stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer,
-                    out=json_out, stream_reps=stream_reps, **warm)
+                    out=json_out, stream_reps=stream_reps, traffic=_traffic_profile(out, profile) if traffic else None,
+                    **warm)
     write(res, json_out)
     typer.echo(to_markdown(res))
+    calibration = calibration or json_out.with_name("calibration.json")
+    n = write_calibration(res, calibration)
+    typer.echo(f"calibration: {n} keys -> {calibration}" if n else "calibration: no key was timed; none written")
 
 
 if __name__ == "__main__":
