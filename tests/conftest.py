@@ -19,7 +19,6 @@ logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 # CFM parity test 28 s with one thread, 114 s with two; a 2-chunk tiny session 14 s against 57 s.
 # Not measured on an idle machine, where two threads may win back some of the full-size tests.
 # C2W_TEST_THREADS=N sets another count.
-DEFAULT_THREADS = torch.get_num_threads()          # PyTorch's own choice: the cores it sees
 THREADS = int(os.environ.get("C2W_TEST_THREADS", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 torch.set_num_threads(THREADS)
