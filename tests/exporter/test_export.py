@@ -88,23 +88,16 @@ def test_resume_rebuilds_only_the_deleted_artifact(artifacts_copy):
     assert (artifacts_copy / victim.artifact).is_file()
 
 
-def _recorded_parity_only(monkeypatch):
-    """`c2w verify` without its parity re-runs (test_verify_passes_and_catches_a_tampered_graph
-    does those): every entry keeps the parity its manifest records, so the file checks alone
-    decide the outcome."""
-    import exporter.export as ex
-    monkeypatch.setattr(ex, "check_entry", lambda model, backend, out_dir, entry, device: None)
-
-
-def test_verify_passes_and_catches_a_tampered_graph(artifacts_copy, monkeypatch):
+def test_verify_passes_and_catches_a_tampered_graph(artifacts_copy, request):
     _, checked = verify_directory(artifacts_copy)
     assert len(checked) == 8 and all(e.status == "built" for e in checked)
     m = read_manifest(artifacts_copy)
     e = next(e for e in m.entries if e.component == "cfm")
     (artifacts_copy / e.artifact).write_bytes(b"not an onnx graph")
-    _recorded_parity_only(monkeypatch)
+    parity_runs = request.getfixturevalue("recorded_parity")
     result = runner.invoke(app, ["verify", str(artifacts_copy)])
     assert result.exit_code == 1 and "FAIL" in result.output
+    assert sorted(parity_runs) == sorted(x.id for x in m.entries if x.id != e.id)     # the file check refused it
 
 
 def test_aoti_keys_build_and_pass_parity(tmp_path):
@@ -256,8 +249,7 @@ def test_plan_dry_run_and_export_pick_the_same_keys_for_fp16(tmp_path):
     assert res.plan.weight_bytes == w and len(res.plan.selected) == n_plan
 
 
-def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifacts_copy, monkeypatch):
-    _recorded_parity_only(monkeypatch)
+def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifacts_copy, recorded_parity):
     m = read_manifest(artifacts_copy)
     weights = sorted(str(p.relative_to(artifacts_copy)) for p in (artifacts_copy / "onnxruntime" / "weights").iterdir())
     assert sorted(m.shared) == weights                  # every shared file is listed with its hash
@@ -271,7 +263,9 @@ def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifact
         result = runner.invoke(app, ["verify", str(artifacts_copy)])
         assert result.exit_code == 1 and f"{rel}: sha256 differs from the manifest" in result.output, result.output
         p.write_bytes(good)
+    recorded_parity.clear()
     assert runner.invoke(app, ["verify", str(artifacts_copy)]).exit_code == 0
+    assert sorted(recorded_parity) == sorted(e.id for e in m.entries)
 
 
 def test_verify_of_a_directory_with_nothing_built_fails(artifacts_copy):
