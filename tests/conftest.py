@@ -29,6 +29,18 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPORTED = ROOT / "artifacts" / "cpu"
 
 
+def fewer_layers(cfg):
+    """`cfg` with fewer repeated layers: 1 + 1 conformer blocks, 2 DiT blocks, HiFT residual
+    blocks of 2 kernels x 2 dilations. Repeated layers apply the same ops to tensors of the same
+    shapes (a kernel size or dilation is an attribute of the same Conv), so a graph of this model
+    holds every op, dtype and dynamic dim of the full stack, and caches still stack over blocks;
+    exporting or compiling it takes a fraction of the time, which grows with the node count."""
+    return dataclasses.replace(
+        cfg, encoder=dataclasses.replace(cfg.encoder, blocks=1, up_blocks=1), dit=dataclasses.replace(cfg.dit, depth=2),
+        hift=dataclasses.replace(cfg.hift, resblock_kernels=(3, 11), resblock_dilations=((1, 5), (1, 5)),
+                                 source_resblock_dilations=((1, 5),) * len(cfg.hift.upsample_rates)))
+
+
 def small_profile(**schedule):
     """profiles/cpu.yaml with one batch size and 3 chunks: 8 keys, minutes to build on 2 cores."""
     p = load_profile("cpu")

@@ -16,7 +16,7 @@ from exporter.verify import verify_directory
 from runtime.manifest import FORMAT_VERSION, read_manifest
 from runtime.model.weights import load_model
 from runtime.units import ShapeKey
-from tests.conftest import small_profile
+from tests.conftest import fewer_layers, small_profile
 
 runner = CliRunner()
 
@@ -100,12 +100,32 @@ def test_verify_passes_and_catches_a_tampered_graph(artifacts_copy, request):
     assert sorted(parity_runs) == sorted(x.id for x in m.entries if x.id != e.id)     # the file check refused it
 
 
+def fewer_layers_checkpoint(directory) -> str:
+    """random:tiny with fewer repeated layers (tests.conftest.fewer_layers) as a checkpoint
+    directory (flow.pt, hift.pt, c2w_config.json): a model spec the exporter loads like any."""
+    from runtime.model.config import TINY
+    from runtime.model.flow import FlowModel
+    from runtime.model.hift import HiftVocoder
+    from runtime.model.weights import init_random_
+    cfg = fewer_layers(TINY)
+    flow, hift = FlowModel(cfg), HiftVocoder(cfg.hift)
+    init_random_(flow, 0)
+    init_random_(hift, 1)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(flow.state_dict(), directory / "flow.pt")
+    torch.save(hift.state_dict(), directory / "hift.pt")
+    (directory / "c2w_config.json").write_text(json.dumps(cfg.to_dict()))
+    return str(directory)
+
+
 def test_aoti_keys_build_and_pass_parity(tmp_path):
     """One AOTI key per unit (it compiles C++): the encoder's steady key, a CFM key built as one
     Euler step that the runtime replays 10 times, and a HiFT key (it lifts constant tables);
-    chosen by priority + budget."""
+    chosen by priority + budget. The model has fewer repeated layers than random:tiny: the C++
+    Inductor generates and compiles grows with the node count, and a repeated layer adds nodes,
+    not kinds of nodes."""
     from exporter.backends.aoti import static_libstdcxx_objects
-    p = small_profile()
+    p = dataclasses.replace(small_profile(), model=fewer_layers_checkpoint(tmp_path / "model"))
     model = load_model(p.model)
     weights = precision_weights(model, p)
     keys = (ShapeKey("flow_encoder", (1, 28, 150, 0), "float32"), ShapeKey("cfm", (1, 50, 150), "float32"),

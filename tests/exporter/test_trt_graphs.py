@@ -2,14 +2,10 @@
 here: this checks the ONNX a TensorRT build would consume, never builds an engine).
 
 One graph per graph variant (each is one TensorRT plan), at the dtypes of profiles/h100.yaml,
-from one model with the full model's widths and fewer repeated layers: 1 + 1 conformer blocks
-(full: 6 + 4), 2 DiT blocks (full: 16), 2 Euler steps (full: 10), and HiFT residual blocks of 2
-kernels x 2 dilations (full: 3 x 3). Repeated layers apply the same ops to tensors of the same
-shapes (a residual block's kernel and dilation are attributes of the same Conv), so the graphs
-hold every op, dtype, dynamic dim and weight size of the full ones, with caches still stacked
-over blocks and steps and averaged over residual blocks, at a fraction of the export time,
-which grows with the number of nodes. The fifth variant, the HiFT's steady chunk (with a
-source cache), is exported and checked the same way by the dry run of test_export_tensorrt.py.
+from one model with the full model's widths, fewer repeated layers (tests.conftest.fewer_layers)
+and 2 Euler steps instead of 10 (the steps repeat the same ops; their caches still stack over
+steps and feed the next step). The fifth variant, the HiFT's steady chunk (with a source
+cache), is exported and checked the same way by the dry run of test_export_tensorrt.py.
 """
 import dataclasses
 import math
@@ -24,12 +20,9 @@ from runtime.model.flow import FlowModel
 from runtime.model.hift import HiftVocoder
 from runtime.model.weights import Code2Wav, init_random_
 from runtime.units import ShapeKey
+from tests.conftest import fewer_layers
 
-CFG = dataclasses.replace(
-    FULL, n_timesteps=2, encoder=dataclasses.replace(FULL.encoder, blocks=1, up_blocks=1),
-    dit=dataclasses.replace(FULL.dit, depth=2),
-    hift=dataclasses.replace(FULL.hift, resblock_kernels=(3, 11), resblock_dilations=((1, 5), (1, 5)),
-                             source_resblock_dilations=((1, 5),) * 3))
+CFG = dataclasses.replace(fewer_layers(FULL), n_timesteps=2)
 KEYS = [ShapeKey("flow_encoder", (1, 28, 300, 0), "float16"), ShapeKey("flow_encoder", (1, 13, 400, 1), "float16"),
         ShapeKey("cfm", (1, 50, 300), "float16"), ShapeKey("hift", (1, 50, 0), "float32")]
 
