@@ -16,7 +16,7 @@ from exporter.verify import verify_directory
 from runtime.manifest import FORMAT_VERSION, read_manifest
 from runtime.model.weights import load_model
 from runtime.units import ShapeKey
-from tests.conftest import small_profile
+from tests.conftest import fewer_layers, small_profile
 
 runner = CliRunner()
 
@@ -89,32 +89,45 @@ def test_resume_rebuilds_only_the_deleted_artifact(artifacts_copy):
     assert (artifacts_copy / victim.artifact).is_file()
 
 
-def _recorded_parity_only(monkeypatch):
-    """`c2w verify` without its parity re-runs (test_verify_passes_and_catches_a_tampered_graph
-    does those): every entry keeps the parity its manifest records, so the file checks alone
-    decide the outcome."""
-    import exporter.export as ex
-    monkeypatch.setattr(ex, "check_entry", lambda model, backend, out_dir, entry, device: None)
-
-
-def test_verify_passes_and_catches_a_tampered_graph(artifacts_copy, monkeypatch):
+def test_verify_passes_and_catches_a_tampered_graph(artifacts_copy, request):
     _, checked = verify_directory(artifacts_copy)
     assert len(checked) == 8 and all(e.status == "built" for e in checked)
     m = read_manifest(artifacts_copy)
     e = next(e for e in m.entries if e.component == "cfm")
     (artifacts_copy / e.artifact).write_bytes(b"not an onnx graph")
-    _recorded_parity_only(monkeypatch)
+    parity_runs = request.getfixturevalue("recorded_parity")
     result = runner.invoke(app, ["verify", str(artifacts_copy)])
     assert result.exit_code == 1 and "FAIL" in result.output
+    assert sorted(parity_runs) == sorted(x.id for x in m.entries if x.id != e.id)     # the file check refused it
+
+
+def fewer_layers_checkpoint(directory) -> str:
+    """random:tiny with fewer repeated layers (tests.conftest.fewer_layers) as a checkpoint
+    directory (flow.pt, hift.pt, c2w_config.json): a model spec the exporter loads like any."""
+    from runtime.model.config import TINY
+    from runtime.model.flow import FlowModel
+    from runtime.model.hift import HiftVocoder
+    from runtime.model.weights import init_random_
+    cfg = fewer_layers(TINY)
+    flow, hift = FlowModel(cfg), HiftVocoder(cfg.hift)
+    init_random_(flow, 0)
+    init_random_(hift, 1)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(flow.state_dict(), directory / "flow.pt")
+    torch.save(hift.state_dict(), directory / "hift.pt")
+    (directory / "c2w_config.json").write_text(json.dumps(cfg.to_dict()))
+    return str(directory)
 
 
 def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     """One AOTI key per unit (it compiles C++): the encoder's steady key, a CFM key built as one
     Euler step that the runtime replays 10 times, and a HiFT key (it lifts constant tables);
     chosen by priority + a budget with room for their estimates only (each key measuring its
-    estimate here: any room left would build more keys)."""
+    estimate here: any room left would build more keys). The model has fewer repeated layers than
+    random:tiny: the C++ Inductor generates and compiles grows with the node count, and a repeated
+    layer adds nodes, not kinds of nodes."""
     from exporter.backends.aoti import static_libstdcxx_objects
-    p = small_profile()
+    p = dataclasses.replace(small_profile(), model=fewer_layers_checkpoint(tmp_path / "model"))
     model = load_model(p.model)
     weights = precision_weights(model, p)
     keys = (ShapeKey("flow_encoder", (1, 28, 150, 0), "float32"), ShapeKey("cfm", (1, 50, 150), "float32"),
@@ -259,8 +272,7 @@ def test_plan_dry_run_and_export_pick_the_same_keys_for_fp16(tmp_path):
     assert res.plan.weight_bytes == w and len(res.plan.selected) == n_plan
 
 
-def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifacts_copy, monkeypatch):
-    _recorded_parity_only(monkeypatch)
+def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifacts_copy, recorded_parity):
     m = read_manifest(artifacts_copy)
     weights = sorted(str(p.relative_to(artifacts_copy)) for p in (artifacts_copy / "onnxruntime" / "weights").iterdir())
     assert sorted(m.shared) == weights                  # every shared file is listed with its hash
@@ -274,7 +286,9 @@ def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifact
         result = runner.invoke(app, ["verify", str(artifacts_copy)])
         assert result.exit_code == 1 and f"{rel}: sha256 differs from the manifest" in result.output, result.output
         p.write_bytes(good)
+    recorded_parity.clear()
     assert runner.invoke(app, ["verify", str(artifacts_copy)]).exit_code == 0
+    assert sorted(recorded_parity) == sorted(e.id for e in m.entries)
 
 
 def test_verify_of_a_directory_with_nothing_built_fails(artifacts_copy):

@@ -22,7 +22,7 @@ def _as_shard(src, dst, keep):
     return dst
 
 
-def test_merge_takes_each_key_from_the_shard_that_built_it(ort_artifacts, tmp_path):
+def test_merge_takes_each_key_from_the_shard_that_built_it(ort_artifacts, tmp_path, recorded_parity):
     cfm = _as_shard(ort_artifacts, tmp_path / "s1", lambda e: e["component"] == "cfm")
     rest = _as_shard(ort_artifacts, tmp_path / "s2", lambda e: e["component"] != "cfm")
     result = runner.invoke(app, ["merge", str(tmp_path / "all"), str(cfm), str(rest)])
@@ -31,4 +31,6 @@ def test_merge_takes_each_key_from_the_shard_that_built_it(ort_artifacts, tmp_pa
     assert [e.id for e in merged.entries] == [e.id for e in read_manifest(ort_artifacts).entries]
     assert {e.status for e in merged.entries} == {"built"}
     assert [p.name for p in (tmp_path / "all").rglob("*") if ".tmp" in p.name] == []
+    # every file the merged manifest names has its recorded size and sha256 (parity: as recorded)
     assert runner.invoke(app, ["verify", str(tmp_path / "all")]).exit_code == 0
+    assert len(recorded_parity) == 8
