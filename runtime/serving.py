@@ -169,7 +169,8 @@ class StreamServer:
             raise C2WUserError("stream server", "a runtime that does not trim the conformer cache",
                                "trim_conformer=True", "Its cache would grow without bound; load with trim_conformer=True.")
         if max_streams < 1 or voice_cache < 0 or lanes < 1:
-            raise C2WUserError("stream server", f"max_streams={max_streams}, voice_cache={voice_cache}, lanes={lanes}",
+            raise C2WUserError("stream server",
+                               f"max_streams={max_streams}, voice_cache={voice_cache}, lanes={lanes}",
                                "max_streams >= 1, voice_cache >= 0 and lanes >= 1")
         self.runtime, self.driver, self.cache = runtime, driver, runtime.cache
         cfg = driver.cfg
@@ -312,8 +313,8 @@ class StreamServer:
     def stats(self) -> dict:
         """Counters since start, the slot pool, and the engine cache's hits/misses per key."""
         with self._cv:
-            return {"open_streams": len(self._streams), "max_streams": self.max_streams, "lanes": len(self._workers) - 1,
-                    "voices": len(self._voices), "pool_bytes": self.pool.nbytes, **dict(self._counts),
+            return {"open_streams": len(self._streams), "max_streams": self.max_streams,
+                    "lanes": len(self._workers) - 1, "voices": len(self._voices), "pool_bytes": self.pool.nbytes, **dict(self._counts),
                     "calls": {f"{kind} B={b}": n for (kind, b), n in sorted(self._calls.items())},
                     "units": self.cache.stats()}
 

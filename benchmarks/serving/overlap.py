@@ -3,7 +3,8 @@
 For pairs of CFM keys of an artifact directory (e.g. a B=1 first chunk beside a B=8 or B=32
 steady batch): each key alone, then both at once from two threads, each thread with engine
 instances of its own (`EngineCache.replica`) on a CUDA stream of its own, which is what the
-stream server's `lanes=2` does. Prints a table and writes JSON.
+stream server's `lanes=2` does; then both at once again with the first key's thread on a
+high-priority CUDA stream. Prints a line per pair and writes JSON.
 
     python benchmarks/serving/overlap.py /tmp/art/all --out overlap.json
 """
@@ -42,7 +43,8 @@ def measure(caches, keys, inputs, seconds: float, priorities=(0, 0)) -> list[flo
     """Mean ms per call of each key, the keys' threads running over the same window, each on a
     stream of the given priority (lower is more urgent; CUDA offers 0 and -1 or below)."""
     barrier, results = threading.Barrier(len(keys)), [[] for _ in keys]
-    threads = [threading.Thread(target=timed_calls, args=(c, k, x, seconds, torch.cuda.Stream(priority=p), barrier, r))
+    threads = [threading.Thread(target=timed_calls,
+                                args=(c, k, x, seconds, torch.cuda.Stream(priority=p), barrier, r))
                for c, k, x, r, p in zip(caches, keys, inputs, results, priorities)]
     for t in threads:
         t.start()
