@@ -1,6 +1,9 @@
 """`c2w bench` plumbing on the tiny CPU artifacts: schema and same-function checks, never a time."""
+import copy
 import json
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from cli import app
@@ -8,23 +11,43 @@ from exporter.bench import bench_dir, to_markdown
 from runtime.units import SPECS
 
 
-def test_bench_schema_and_same_function(ort_artifacts, tmp_path, monkeypatch):
+KEYS = ["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"]
+OOM = "RuntimeError: CUDA out of memory (simulated)"
+
+
+@pytest.fixture(scope="module")
+def bench_run(ort_artifacts, tmp_path_factory):
+    """One library bench run over the session's directory, shared by the tests below: two keys,
+    a B=2 streaming row whose measurement raises (a simulated CUDA out-of-memory) and then the
+    B=1 28-token row. Returns (result, what it wrote, (stream rows, key rows) at every save)."""
     import exporter.bench as bench
-    saved = []                                   # (stream rows, key rows) at every save
-    real_write = bench.write
-    monkeypatch.setattr(bench, "write", lambda res, out: (saved.append((len(res["stream"]), len(res["keys"]))),
-                                                          real_write(res, out)))
-    out = tmp_path / "b.json"
-    res = bench_dir(ort_artifacts, reps=2, warmup=1, stream_reps=2, stream_warmup=1, peer=False, out=out,
-                    keys=["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"])
+    out = tmp_path_factory.mktemp("bench") / "b.json"
+    saved = []
+    real_write, real_row = bench.write, bench._stream_row
+
+    def row(model, cache, device, B, N, P, trim, reps, **kw):
+        if B == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real_row(model, cache, device, B, N, P, trim, reps, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "write", lambda res, o: (saved.append((len(res["stream"]), len(res["keys"]))),
+                                                   real_write(res, o)))
+        mp.setattr(bench, "_stream_row", row)
+        res = bench_dir(ort_artifacts, reps=2, warmup=1, stream_reps=2, stream_warmup=1, peer=False, out=out,
+                        keys=KEYS, stream_batches=[2, 1])
+    return res, out, saved
+
+
+def test_bench_schema_and_same_function(bench_run):
+    res, out, saved = bench_run
     assert json.loads(out.read_text()) == json.loads(json.dumps(res, default=str))
-    # written as it went: after the streaming row, after each key, and at the end (the stream's
+    # written as it went: after each streaming row, after each key, and at the end (the stream's
     # last entry, its cache stats, comes with the first key's save)
     n = len(res["stream"])
-    assert saved == [(1, 0), (n, 1), (n, 2), (n, 2)]
-    assert not list(tmp_path.glob("*.tmp"))
+    assert saved == [(1, 0), (2, 0), (n, 1), (n, 2), (n, 2)]
+    assert not list(out.parent.glob("*.tmp"))
     assert {"device", "torch", "backend", "model", "precision", "commit", "keys", "stream"} <= set(res)
-    assert [r["id"] for r in res["keys"]] == ["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"]
+    assert [r["id"] for r in res["keys"]] == KEYS
     for r in res["keys"]:
         for v in ("eager", "engine"):
             assert r[v]["reps"] == 2 and r[v]["median_ms"] > 0 and r[v]["p95_ms"] >= r[v]["median_ms"]
@@ -33,7 +56,7 @@ def test_bench_schema_and_same_function(ort_artifacts, tmp_path, monkeypatch):
         assert r["served_variant"] == "engine"          # ONNX Runtime on CPU: no graphs
         assert r["speedup_vs_eager"] == r["eager"]["median_ms"] / r["engine"]["median_ms"]
         assert r["engine"]["load_and_first_call_s"] > 0
-    rows = [s for s in res["stream"] if "B" in s]
+    rows = [s for s in res["stream"] if "B" in s and "error" not in s]
     assert [(s["B"], s["chunk_tokens"]) for s in rows] == [(1, 28)]
     assert rows[0]["audio_s_per_s_first"] > 0
     # every unit call of the engines rows is accounted for: 3 units x (1 warm-up + 2 timed) chunks,
@@ -47,6 +70,32 @@ def test_bench_schema_and_same_function(ort_artifacts, tmp_path, monkeypatch):
     assert stats["cfm"]["cfm-B1-T50-L100-float32"]["hits"] > 0        # the engine rows used engines
     md = to_markdown(res)
     assert "| cfm-B1-T50-L150-float32 |" in md and "| 1 | 28 |" in md and "| 9 / 0 |" in md
+    # a CPU run of float32 artifacts leaves three sections out, and says why
+    assert res["omitted"] == ["device memory the engines add at load: measured on CUDA only; this run is on the CPU",
+                              "step-audio2 peer row: turned off (--no-peer)",
+                              "B=1 session audio SNR against float32: the artifacts are float32 already"]
+
+
+def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(bench_run):
+    res = bench_run[0]
+    rows = [r for r in res["stream"] if "B" in r]
+    assert rows[0] == {"B": 2, "chunk_tokens": 28, "prompt_frames": 100, "error": OOM}
+    assert rows[1]["B"] == 1 and rows[1]["engines_first"]["median_ms"] > 0
+    assert len(res["keys"]) == 2
+    assert f"| 2 | 28 | failed: {OOM} |" in to_markdown(res)
+
+
+def _bench_stand_in(monkeypatch, result):
+    """The CLI's bench_dir, recording its arguments and returning `result` (a real run's): the
+    command is an adapter over the library function the tests above run."""
+    import exporter.bench as bench
+    calls = []
+
+    def stand_in(artifact_dir, **kw):
+        calls.append((artifact_dir, kw))
+        return copy.deepcopy(result)
+    monkeypatch.setattr(bench, "bench_dir", stand_in)
+    return calls
 
 
 def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
@@ -68,45 +117,24 @@ def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
     assert chunk_sizes(m, 1) == [28, 78]                    # a final-chunk key is not a steady chunk
 
 
-def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(ort_artifacts, monkeypatch):
-    import exporter.bench as bench
-
-    def boom(model, cache, device, B, N, P, trim, reps, **kw):
-        if B == 2:
-            raise RuntimeError("CUDA out of memory (simulated)")
-        return real(model, cache, device, B, N, P, trim, reps, **kw)
-
-    real = bench._stream_row
-    monkeypatch.setattr(bench, "_stream_row", boom)
-    res = bench_dir(ort_artifacts, reps=1, warmup=1, stream_reps=1, stream_warmup=1, peer=False,
-                    keys=["hift-B1-F50-S0-float32"], stream_batches=[2, 1])
-    rows = [r for r in res["stream"] if "B" in r]
-    assert rows[0] == {"B": 2, "chunk_tokens": 28, "prompt_frames": 100,
-                       "error": "RuntimeError: CUDA out of memory (simulated)"}
-    assert rows[1]["B"] == 1 and rows[1]["engines_first"]["median_ms"] > 0
-    assert len(res["keys"]) == 1
-    assert "| 2 | 28 | failed: RuntimeError: CUDA out of memory (simulated) |" in to_markdown(res)
-
-
 def test_bench_cli_writes_json_and_markdown_beside_the_artifacts_and_says_what_it_omits(
-        artifacts_copy, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(app, ["bench", str(artifacts_copy), "--reps", "1", "--warmup", "1", "--stream-reps", "1",
+        bench_run, tmp_path, monkeypatch):
+    calls = _bench_stand_in(monkeypatch, bench_run[0])
+    art = tmp_path / "art"
+    art.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    r = CliRunner().invoke(app, ["bench", str(art), "--reps", "1", "--warmup", "1", "--stream-reps", "1",
                                  "--no-peer", "--keys", "flow_encoder-B1-N28-C100-last0-float32", "--batches", "1"])
     assert r.exit_code == 0, r.output
-    assert not (tmp_path / "bench.json").exists()                    # not into the working directory
-    out = artifacts_copy / "bench.json"
-    res = json.loads(out.read_text())
-    assert res["keys"][0]["id"] == "flow_encoder-B1-N28-C100-last0-float32"
+    out = art / "bench.json"
     # the counts asked for: 1 timed call per key and per streaming chunk, after 1 warm-up call
-    assert res["keys"][0]["engine"]["reps"] == res["keys"][0]["eager"]["reps"] == 1
-    stream = [s for s in res["stream"] if "B" in s]
-    assert [(s["B"], s["engines_steady"]["reps"], s["engines_steady"]["engine_calls"]) for s in stream] == [(1, 1, 6)]
+    assert calls == [(art, {"reps": 1, "keys": ["flow_encoder-B1-N28-C100-last0-float32"], "stream_batches": [1],
+                            "peer": False, "out": out, "stream_reps": 1, "warmup": 1, "stream_warmup": 1})]
+    assert not list(work.iterdir())                                  # not into the working directory
+    assert json.loads(out.read_text()) == json.loads(json.dumps(bench_run[0], default=str))
     assert out.with_suffix(".md").read_text().startswith("Device cpu")
-    # a CPU run of float32 artifacts leaves three sections out, and says why
-    assert res["omitted"] == ["device memory the engines add at load: measured on CUDA only; this run is on the CPU",
-                              "step-audio2 peer row: turned off (--no-peer)",
-                              "B=1 session audio SNR against float32: the artifacts are float32 already"]
     assert "Omitted: step-audio2 peer row: turned off (--no-peer)." in r.output
 
 
@@ -140,16 +168,16 @@ def test_session_fidelity_plumbing(ort_artifacts):
     assert sum(c["hits"] for c in cache.stats()["cfm"].values()) > 0
 
 
-def test_bench_cli_profile_resolves_the_export_dir(ort_artifacts, tmp_path, monkeypatch):
+def test_bench_cli_profile_resolves_the_export_dir(bench_run, tmp_path, monkeypatch):
+    calls = _bench_stand_in(monkeypatch, bench_run[0])
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(app, ["bench"])
     assert r.exit_code == 2 and "no artifact directory and no --profile" in r.output
-    (tmp_path / "artifacts").mkdir()
-    (tmp_path / "artifacts" / "cpu").symlink_to(ort_artifacts)        # where `c2w export --profile cpu` writes
-    r = CliRunner().invoke(app, ["bench", "--profile", "cpu", "--out", "b.json", "--reps", "1", "--warmup", "1",
-                                 "--stream-reps", "1", "--no-peer", "--keys", "hift-B1-F50-S0-float32", "--batches", "1"])
+    r = CliRunner().invoke(app, ["bench", "--profile", "cpu", "--out", "b.json", "--reps", "1", "--no-peer"])
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "b.json").read_text())["keys"][0]["id"] == "hift-B1-F50-S0-float32"
+    # where `c2w export --profile cpu` writes, relative to the working directory
+    assert [(d, kw["out"]) for d, kw in calls] == [(Path("artifacts") / "cpu", Path("b.json"))]
+    assert json.loads((tmp_path / "b.json").read_text())["keys"][0]["id"] == KEYS[0]
 
 
 def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):

@@ -59,55 +59,61 @@ def test_engine_session_equals_eager_and_counts(ort_artifacts, eager_model):
 
 def test_unseen_batch_size_runs_eagerly(ort_artifacts, eager_model):
     rt = runtime.load(ort_artifacts)
-    ins = inputs(rt.model.cfg, B=3, seed=1, chunks=(28,), last=5)
+    ins = inputs(rt.model.cfg, B=2, seed=1, chunks=(28,), last=5)         # the directory has B=1 only
     got = session(rt.model, rt.cache, ins)
     want = session(eager_model, EagerRunner(eager_model), ins)
     assert rel_l2(got, want) <= 1e-6                                  # eager on both sides
     st = rt.stats()
     assert all(v["hits"] == 0 for c in st.values() for v in c.values())
-    assert st["cfm"]["cfm-B3-T50-L100-float32"]["misses"] == 1
+    assert st["cfm"]["cfm-B2-T50-L100-float32"]["misses"] == 1
 
 
-def _damage_and_check(path, eager_model, caplog, expect_in_log):
+@pytest.fixture(scope="module")
+def damaged_case(eager_model):
+    """The session the damaged-directory tests serve, and its PCM from the eager model."""
+    ins = inputs(eager_model.cfg, seed=2, chunks=(28,), last=5)
+    return ins, session(eager_model, EagerRunner(eager_model), ins)
+
+
+def _damage_and_check(path, eager_model, damaged_case, caplog, expect_in_log):
     caplog.set_level(logging.WARNING, logger="c2w.runtime")
     rt = runtime.load(path, model=eager_model)
-    ins = inputs(eager_model.cfg, seed=2, chunks=(28,), last=5)
+    ins, want = damaged_case
     got = session(rt.model, rt.cache, ins)
-    want = session(eager_model, EagerRunner(eager_model), ins)
     assert rel_l2(got, want) <= TOL
     assert expect_in_log in caplog.text
     return rt
 
 
-def test_truncated_artifact_is_skipped_with_a_warning(artifacts_copy, eager_model, caplog):
+def test_truncated_artifact_is_skipped_with_a_warning(artifacts_copy, eager_model, damaged_case, caplog):
     e = next(e for e in read_manifest(artifacts_copy).entries if e.id == "cfm-B1-T50-L100-float32")
     p = artifacts_copy / e.artifact
     p.write_bytes(p.read_bytes()[: e.artifact_bytes // 2])
-    rt = _damage_and_check(artifacts_copy, eager_model, caplog, "truncated or modified")
+    rt = _damage_and_check(artifacts_copy, eager_model, damaged_case, caplog, "truncated or modified")
     assert str(p) in caplog.text
     assert rt.stats()["cfm"]["cfm-B1-T50-L100-float32"]["misses"] == 1
     assert rt.stats()["flow_encoder"]["flow_encoder-B1-N28-C100-last0-float32"]["hits"] == 1
     assert "cfm-B1-T50-L100-float32" in rt.cache.unusable()
 
 
-def test_deleted_artifact_is_skipped_with_a_warning(artifacts_copy, eager_model, caplog):
+def test_deleted_artifact_is_skipped_with_a_warning(artifacts_copy, eager_model, damaged_case, caplog):
     e = next(e for e in read_manifest(artifacts_copy).entries if e.id == "hift-B1-F50-S0-float32")
     (artifacts_copy / e.artifact).unlink()
-    _damage_and_check(artifacts_copy, eager_model, caplog, "file is missing")
+    _damage_and_check(artifacts_copy, eager_model, damaged_case, caplog, "file is missing")
 
 
-def test_manifest_of_another_model_is_refused(artifacts_copy, eager_model, caplog):
+def test_manifest_of_another_model_is_refused(artifacts_copy, eager_model, damaged_case, caplog):
     path = artifacts_copy / "manifest.json"
     d = json.loads(path.read_text())
     d["model"]["digest"] = "0123456789abcdef"
     path.write_text(json.dumps(d))
-    rt = _damage_and_check(artifacts_copy, eager_model, caplog, "model digest 0123456789abcdef")
+    rt = _damage_and_check(artifacts_copy, eager_model, damaged_case, caplog, "model digest 0123456789abcdef")
     assert rt.cache.reason_disabled and rt.cache.keys == []
 
 
 def test_threads_get_their_own_streams(ort_artifacts):
     rt = runtime.load(ort_artifacts, lazy=False)
-    n = 4                 # twice the cores: the sessions still interleave on the engines they share
+    n = 3                 # more threads than cores: the sessions interleave on the engines they share
     cases = [inputs(rt.model.cfg, seed=10 + i, chunks=(28, 28), last=7) for i in range(n)]
     want = [session(rt.model, rt.cache, c, seed=i) for i, c in enumerate(cases)]
     got = [None] * n

@@ -1,4 +1,6 @@
 """CFM estimator + whole Euler solve: parity with the step-audio2 oracle, batching, export."""
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -82,7 +84,9 @@ def test_prompt_then_chunks_match_oracle_tiny(shifted_gemm_rows):
 
 @torch.inference_mode()
 def test_full_size_chunk_matches_oracle():
-    cfg = FULL
+    """All 16 DiT blocks of the full model (the tiny model has its widths and 2 blocks) with a
+    full-size cache, over 2 Euler steps: the tiny tests run all 10, which repeat the same ops."""
+    cfg = dataclasses.replace(FULL, n_timesteps=2)
     ours, cfm, spk_affine = build(cfg, seed=3)
     mu, spk, cond, x0, cnn, att = inputs(cfg, 1, 50, 300)
     cond = torch.zeros_like(mu)
@@ -107,15 +111,17 @@ def test_batch_equals_separate_streams():
 
 
 def test_torch_export_static_shape():
-    cfg = TINY
+    """The solve exports as one static graph that computes what eager does. 3 Euler steps: the
+    unrolled steps repeat the same ops (the ONNX Runtime artifacts are 10-step exports)."""
+    cfg = dataclasses.replace(TINY, n_timesteps=3)
     ours, _, _ = build(cfg)
     args = inputs(cfg, 1, 50, 40)
     ep = torch.export.export(ours, args, strict=False)
     with torch.inference_mode():
         want = ours(*args)
         got = ep.module()(*args)
-    assert rel_l2(got[0], want[0]) <= 1e-5
-    assert tuple(got[2].shape) == (10, cfg.dit.depth, 2, 8, 90, 128)
+    assert all(rel_l2(g, w) <= 1e-5 for g, w in zip(got, want))
+    assert tuple(got[2].shape) == (3, cfg.dit.depth, 2, 8, 90, 128)
 
 
 def _conv1d_reference(blk, x, cache):
