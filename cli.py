@@ -103,22 +103,33 @@ def _load(profile: str, backend: Optional[str], model: Optional[str]):
 def plan(profile: str = typer.Option(..., "--profile", "-p", help="profile YAML or bundled name (cpu, h100, h200)"),
          backend: Optional[str] = typer.Option(None, help="override the profile's backend"),
          model: Optional[str] = typer.Option(None, help="override the profile's model spec")):
-    """Print the exact keys the profile's streams hit, their estimates and the budget cut."""
+    """Print the exact keys the profile's streams hit, their estimates and the budget cut; with a
+    traffic section, each key's expected calls and saved ms, and the predicted engine hit rate."""
     from exporter.plan import dims_str, make_plan, precision_weights
     from runtime.model.weights import load_model
     p = _load(profile, backend, model)
     m = load_model(p.model)
     pl = make_plan(m.cfg, p, precision_weights(m, p))
-    console.print(f"profile [bold]{p.name}[/] ({p.source}), model {p.model}, backend {p.backend}, "
-                  f"budget {p.budget_bytes / 2**20:.0f} MiB")
+    console.print(f"profile [bold]{p.name}[/] ({p.source}, digest {p.digest}), model {p.model} (digest {m.digest}), "
+                  f"backend {p.backend}, budget {p.budget_bytes / 2**20:.0f} MiB", highlight=False, soft_wrap=True)
     for c, w in pl.weight_bytes.items():
         console.print(f"  weights {c}: {w / 2**20:.1f} MiB (once)")
+    if pl.prediction:
+        console.print("  in order of expected ms saved per byte; calls: per session; saved: ms per call")
     for e in pl.entries:
         mark = "build" if e.selected else "skip (budget)"
+        use = "" if e.calls_per_session is None else \
+            f"calls {e.calls_per_session:7.3f}  saved {e.saved_ms_per_call:9.3f}  "
         typer.echo(f"  {e.key.component:12s} {dims_str(e.key):28s} {e.key.dtype:8s} {e.category:6s} "
-                   f"est {e.est_bytes / 2**20:8.1f} MiB  {mark}")
+                   f"est {e.est_bytes / 2**20:8.1f} MiB  {use}{mark}")
     console.print(f"{len(pl.selected)} keys to build, {len(pl.skipped)} skipped by budget; planned total "
                   f"{pl.planned_total() / 2**20:.1f} MiB of {p.budget_bytes / 2**20:.0f} MiB")
+    if pl.prediction:
+        new, old = pl.prediction, pl.baseline
+        console.print(f"traffic: predicted engine hit rate {new.hit_rate:.1%} of {new.calls_per_session:.1f} unit "
+                      f"calls per session, {new.saved_ms_per_session:.1f} ms saved per session (priority order: "
+                      f"{old.hit_rate:.1%}, {old.saved_ms_per_session:.1f} ms)", highlight=False, soft_wrap=True)
+        console.print(f"timings: {pl.timing_source}", highlight=False, soft_wrap=True)
     for n in pl.notes:
         console.print(f"note: {n}")
 
@@ -161,7 +172,10 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
         console.print(f"dry run: {len(res.plan.selected)} keys would be built into {out}")
         raise typer.Exit(1 if errors(res.findings) else 0)
     console.print(render(res.manifest), highlight=False, soft_wrap=True)
-    console.print(f"{res.built} built, {res.reused} reused, {res.failed} failed -> {out / 'manifest.json'}")
+    console.print(f"{res.built} built, {res.reused} reused, {res.over_budget} over budget, {res.failed} failed -> "
+                  f"{out / 'manifest.json'}", highlight=False)
+    if res.measure_error:
+        err.print(f"error: {res.measure_error}", highlight=False, markup=False)
     raise typer.Exit(res.exit_code)
 
 
@@ -185,10 +199,11 @@ def report(out: Path = typer.Argument(..., help="artifact directory"),
 @user_errors
 def verify(out: Path = typer.Argument(..., help="artifact directory"),
            device: Optional[str] = typer.Option(None, help="cpu or cuda (default: the manifest's)")):
-    """Re-run parity of every built artifact against eager; exit 1 on any failure."""
-    from exporter.verify import verify_directory
+    """Re-run parity of every built artifact against eager, then check the budget (as recorded, and
+    measured again in a fresh process); exit 1 on any failure."""
+    from exporter.verify import verify_budget, verify_directory
     from runtime.manifest import Status
-    _, checked = verify_directory(out, device)
+    manifest, checked = verify_directory(out, device)
     bad = 0
     for e in checked:
         worst = max(e.parity.get("rel_l2", {"-": float("nan")}).values()) if e.parity else float("nan")
@@ -197,7 +212,15 @@ def verify(out: Path = typer.Argument(..., help="artifact directory"),
         console.print(f"{'ok  ' if ok else 'FAIL'} {e.id}  worst rel-L2 {worst:.2e} (tol {e.parity.get('tol', '-')})"
                       + ("" if ok else f"  {e.error}"), highlight=False, markup=False)
     console.print(f"{len(checked) - bad}/{len(checked)} artifacts pass")
-    raise typer.Exit(1 if bad else 0)
+    if bad:                         # the runtime would not load them all: measuring them together says nothing
+        console.print("budget: not measured (fix the failing artifacts first)")
+        raise typer.Exit(1)
+    budget = verify_budget(out, manifest, device)
+    for line in budget.lines:
+        console.print(f"budget: {line}", highlight=False, markup=False, soft_wrap=True)
+    for problem in budget.problems:
+        console.print(f"FAIL {problem}", highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(1 if budget.problems else 0)
 
 
 @app.command()
@@ -209,7 +232,21 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
     from runtime.manifest import Status
     m = merge_dirs(out, shards)
     n = sum(e.status == Status.BUILT for e in m.entries)
-    console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}")
+    over = sum(e.status == Status.OVER_BUDGET for e in m.entries)
+    console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}", highlight=False)
+    console.print(f"{over} keys over the budget of the whole (by the shards' measurements); c2w verify measures the "
+                  "merged directory", highlight=False)
+
+
+def _traffic_profile(out: Path, profile: Optional[str]):
+    """The profile whose traffic mix `c2w bench --traffic` runs: --profile, else the manifest's."""
+    from exporter.profile import load_profile
+    from runtime.manifest import read_manifest
+    p = _load(profile, None, None) if profile else load_profile(read_manifest(out).profile["source"])
+    if p.traffic is None:
+        raise C2WUserError("--traffic", f"profile {p.source} without a traffic section",
+                           "a profile with a traffic section (docs/profiles.md)", "Name one with --profile.")
+    return p
 
 
 @app.command()
@@ -233,10 +270,18 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
           stagger_ms: float = typer.Option(20.0, help="--serve: mean gap between stream arrivals"),
           arrival: str = typer.Option("fixed", help="--serve: fixed | poisson"),
           max_wait_ms: float = typer.Option(2.0, help="--serve: longest wait of a partial batch"),
-          voices: int = typer.Option(0, help="--serve: streams share this many prompts (0: one per stream)")):
+          voices: int = typer.Option(0, help="--serve: streams share this many prompts (0: one per stream)"),
+          lanes: int = typer.Option(1, help="--serve: batches the server may run at the same time"),
+          token_rate: float = typer.Option(0.0, help="--serve: tokens per second each client's LLM yields after "
+                                           "the first chunk (25 = real time; 0: closed loop, as fast as served)"),
+          calibration: Optional[Path] = typer.Option(None, help="per-key eager and engine ms for the planner's "
+                                                     "traffic section (default: calibration.json beside --out)"),
+          traffic: bool = typer.Option(False, "--traffic", help="one session of each kind in the profile's traffic "
+                                       "mix: measured engine hit rate vs the planner's prediction (the --profile's "
+                                       "mix, else that of the profile the manifest names)")):
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
     with --serve, concurrent streams through the stream server."""
-    from exporter.bench import bench_dir, to_markdown, write
+    from exporter.bench import bench_dir, to_markdown, write, write_calibration
     _quiet(False)
     if out is None:
         if profile is None:
@@ -251,19 +296,27 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
         levels = _int_list("--concurrency", concurrency)
         if voices < 0:
             raise C2WUserError("--voices", voices, "0 (a prompt per stream) or a number of shared prompts")
+        if lanes < 1:
+            raise C2WUserError("--lanes", lanes, "1 or more")
+        if token_rate < 0:
+            raise C2WUserError("--token-rate", token_rate, "0 (closed loop) or a positive rate in tokens per second")
         res = serve_bench.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
                                         steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
-                                        max_wait_ms=max_wait_ms, voices=voices, reps=reps,
-                                        save=lambda r: write(r, json_out, serve_bench.to_markdown))
+                                        max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate,
+                                        reps=reps, save=lambda r: write(r, json_out, serve_bench.to_markdown))
         write(res, json_out, serve_bench.to_markdown)
         typer.echo(serve_bench.to_markdown(res))
         return
     warm = {} if warmup is None else {"warmup": warmup, "stream_warmup": warmup}
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
                     stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer,
-                    out=json_out, stream_reps=stream_reps, **warm)
+                    out=json_out, stream_reps=stream_reps, traffic=_traffic_profile(out, profile) if traffic else None,
+                    **warm)
     write(res, json_out)
     typer.echo(to_markdown(res))
+    calibration = calibration or json_out.with_name("calibration.json")
+    n = write_calibration(res, calibration)
+    typer.echo(f"calibration: {n} keys -> {calibration}" if n else "calibration: no key was timed; none written")
 
 
 if __name__ == "__main__":

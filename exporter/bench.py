@@ -12,6 +12,7 @@ the peer row. Never asserts a time.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -85,11 +86,12 @@ def _commit() -> str:
 
 def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list[str] | None = None,
               stream_batches: list[int] | None = None, peer: bool = True, out: Path | None = None,
-              stream_reps: int | None = None, stream_warmup: int = 2) -> dict:
+              stream_reps: int | None = None, stream_warmup: int = 2, traffic=None) -> dict:
     """The streaming rows, then every built key (or `keys`), then the peer. With `out`, the JSON
     and its markdown are rewritten after every streaming row and every key, so a run cut short by
     a time limit keeps what it measured. `reps` / `warmup`: per key; `stream_reps` (default
-    max(5, reps // 2)) / `stream_warmup`: per streaming chunk."""
+    max(5, reps // 2)) / `stream_warmup`: per streaming chunk. traffic: a profile with a traffic
+    section: its sessions' measured engine hit rate against the prediction (bench_traffic)."""
     manifest = read_manifest(artifact_dir)
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
     torch.backends.cuda.matmul.allow_tf32 = bool(manifest.precision.get("tf32"))
@@ -163,6 +165,9 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         print(f"  {e.id}: eager {row['eager']['median_ms']:.2f} ms, served engine "
               f"{served if served is None else round(served, 3)} ms ({row['served_variant']}), best "
               f"{best if best is None else round(best, 3)} ms", flush=True)
+    if traffic is not None:
+        res["traffic"] = bench_traffic(artifact_dir, traffic, model)
+        save()
     res["omitted"] = omitted_sections(device, peer, reduced)
     if peer and device.type == "cuda":
         res["peer"] = bench_peer(model, device, reps=max(5, reps // 2))
@@ -450,6 +455,11 @@ def to_markdown(res: dict) -> str:
                       f"float32 model: engines rel-L2 {f['engines_vs_fp32']['rel_l2']:.1e} / SNR "
                       f"{f['engines_vs_fp32']['snr_db']:.1f} dB; reduced-precision eager "
                       f"{f['eager_vs_fp32']['rel_l2']:.1e} / {f['eager_vs_fp32']['snr_db']:.1f} dB."]
+    if "traffic" in res:
+        t = res["traffic"]
+        lines += ["", f"Traffic mix of profile {t['profile']}: {len(t['sessions'])} kinds of session through the "
+                  f"streaming driver; engines served {t['measured_hit_rate']:.1%} of unit calls (planner's "
+                  f"prediction for the keys built here: {t['predicted_hit_rate']:.1%})."]
     peer = res.get("peer", {})
     if "flow_chunk" in peer:
         lines += ["", f"Peer: {peer['what']}: {peer['flow_chunk']['median_ms']:.1f} ms (p95 {peer['flow_chunk']['p95_ms']:.1f})"]
@@ -483,3 +493,80 @@ def write(res: dict, out: Path, render=None) -> None:
     md = (render or to_markdown)(res)
     for path, text in ((out, json.dumps(res, indent=1, default=str)), (out.with_suffix(".md"), md + "\n")):
         atomic_write(path, text)
+
+
+def bench_traffic(artifact_dir: Path, profile, model=None) -> dict:
+    """One session of every kind in `profile`'s traffic mix (exporter.traffic: batch size x chunk
+    size x number of chunks x final-chunk size) through the streaming driver and this directory's
+    engine cache: the share of unit calls an engine served, weighted by each kind's share, next
+    to what the planner predicts for the keys built here. A final chunk of unknown size (no
+    traffic.tail_tokens) is not run and counts as UNKNOWN_TAIL_CALLS misses, as in the prediction.
+    The mix is the profile's; the schedule and precision are the ones the artifacts were built with.
+    model: the directory's model at its precision on its device (default: loaded here)."""
+    from exporter.profile import Precision, Schedule
+    from exporter.traffic import UNKNOWN_TAIL_CALLS, session_calls
+    manifest = read_manifest(artifact_dir)
+    profile = dataclasses.replace(profile, precision=Precision(**manifest.precision), schedule=Schedule(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in manifest.schedule.items()}))
+    device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
+    if model is None:
+        model = load_model(manifest.model["spec"])
+        model.to(device, {c: dtype_of(manifest.precision[c]) for c in SPECS})
+    cache = EngineCache(artifact_dir, model, device)
+    tr, P, trim = profile.traffic, profile.schedule.prompt_frames, profile.schedule.trim_conformer
+    calls, total = session_calls(model.cfg, profile)
+    built = {entry_key(e) for e in manifest.entries if e.status == "built"}
+    predicted = sum(n for k, n in calls.items() if k in built) / total
+    hits = served = 0.0
+    rows = []
+    tails = tr.tail_tokens or ((None, 1.0),)
+    for B, pb in tr.batch_sizes:
+        for N, pn in tr.chunk_tokens:
+            for n, ps in tr.session_chunks:
+                for t, pt in tails:
+                    w = pb * pn * ps * pt
+                    if w == 0:
+                        continue
+                    h0, f0 = _served(cache)
+                    prompt, pmel, spk, tok = _prompt(model, B, P, N, device)
+                    drv = StreamDriver(model, cache, trim_conformer=trim)
+                    st = drv.setup(prompt, pmel, spk)
+                    for _ in range(n):
+                        drv.step(st, tok)
+                    if t is not None:
+                        drv.step(st, tok[:, :1].expand(B, t).contiguous(), last=True)
+                    h, f = _served(cache)
+                    h, f = h - h0, f - f0 + (UNKNOWN_TAIL_CALLS if t is None else 0)
+                    rows.append({"B": B, "chunk_tokens": N, "chunks": n, "tail_tokens": t, "share": w,
+                                 "engine_calls": h, "eager_calls": f})
+                    hits, served = hits + w * h, served + w * (h + f)
+    cache.release()
+    return {"profile": profile.name, "measured_hit_rate": hits / served, "predicted_hit_rate": predicted,
+            "sessions": rows}
+
+
+def calibration(res: dict) -> dict:
+    """The per-key timings of a bench result as the planner reads them (exporter.traffic): for
+    every key whose eager and served-engine medians were measured, both in ms. The set-up
+    (device, backend, precision, model config) travels with them: the planner refuses timings
+    measured for another."""
+    from exporter.traffic import CALIBRATION_FORMAT
+    keys = []
+    for r in res["keys"]:
+        eager, served = r.get("eager", {}), r.get(r.get("served_variant", ""), {})
+        if "median_ms" in eager and "median_ms" in served:
+            keys.append({"key": {"component": r["component"], "dtype": r["dtype"], **r["dims"]},
+                         "eager_ms": eager["median_ms"], "engine_ms": served["median_ms"],
+                         "engine_variant": r["served_variant"]})
+    return {"format": CALIBRATION_FORMAT, "device": res["device"], "backend": res["backend"], "model": res["model"],
+            "precision": res["precision"], "torch": res["torch"], "commit": res["commit"], "date": res["date"],
+            "keys": keys}
+
+
+def write_calibration(res: dict, path: Path) -> int:
+    """Write calibration(res) to `path` atomically; the number of keys it holds (0: nothing written)."""
+    cal = calibration(res)
+    if cal["keys"]:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(path), json.dumps(cal, indent=1))
+    return len(cal["keys"])

@@ -1,18 +1,28 @@
-"""`c2w export`: plan the sweep, build the selected keys' artifacts, verify each, write the manifest.
+"""`c2w export`: plan the sweep, build keys' artifacts, verify each, keep what the budget holds by
+measurement, write the manifest.
 
 One loop for every backend; a backend's builder only builds (exporter/backends/base.py):
-- the selected keys are grouped by the artifact they share (one per key; TensorRT: one plan per
-  graph variant), and the shard K/N builds every N-th group;
-- resumable: from the first build on, the manifest names every planned key (unbuilt ones as
+- every planned key is grouped with the keys sharing its artifact (one per key; TensorRT: one plan
+  per graph variant), and the shard K/N builds every N-th group;
+- resumable: from the first build on, the manifest names every planned key (unreached ones as
   `pending`) and is rewritten atomically after every group; a group whose keys are all `built`
   with an unchanged identity (model digest, key, backend + version, torch, device, precision,
   build options, weights layout, the keys sharing the artifact) and whose artifact is intact is
   kept without rebuilding;
 - fail closed: an artifact that fails parity against eager is `failed`; a build that raises fails
-  the keys of its group, and the export goes on with the next group.
+  the keys of its group, and the export goes on with the next group;
+- the budget holds by measurement (docs/budget.md): groups are taken in plan order; a fresh
+  measurement process (runtime.memory) holds the eager model and every kept key, and each built
+  or reused key is loaded into it and measured there. A key whose measured bytes do not fit
+  what is left of the budget is `over_budget` (its artifact removed unless a kept key shares it);
+  a key whose *estimate* does not fit what is left is not built (`skipped_budget`). Whatever the
+  plan's own estimate-based cut said, a key is tried whenever the measured room allows. At the
+  end the directory is measured again in another fresh process and recorded in the manifest;
+  keys from the first one that takes that total over the budget are `over_budget` too.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -24,8 +34,10 @@ from typing import Callable
 import torch
 
 from exporter.backends import Builder, BuildJob, get_builder
+from exporter.budget import Ledger, mib
 from exporter.plan import Plan, PlannedKey, make_plan, precision_weights, require_selection
 from exporter.profile import Profile
+from runtime import memory
 from runtime.errors import WRITE_ERRNOS, C2WUserError, write_error
 from runtime.manifest import (Entry, ForeignManifestError, Manifest, Status, entry_identity, file_problem,
                               file_record, file_sha256, read_manifest, write_manifest)
@@ -44,14 +56,16 @@ class ExportResult:
     out_dir: Path
     manifest: Manifest
     plan: Plan
-    built: int = 0
-    reused: int = 0
+    built: int = 0                  # built, verified and kept
+    reused: int = 0                 # kept from an earlier export
     failed: int = 0
+    over_budget: int = 0            # verified, but their measured bytes did not fit
     findings: list = field(default_factory=list)     # TensorRT compatibility findings
+    measure_error: str | None = None    # the directory could not be measured at the end
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failed else 0
+        return 1 if self.failed or self.measure_error else 0
 
 
 class ExportInterrupted(KeyboardInterrupt):
@@ -72,10 +86,11 @@ def prepare_model(profile: Profile) -> tuple[Code2Wav, torch.device]:
     return load_at_precision(profile.model, device, dataclasses.asdict(profile.precision)), device
 
 
-def artifact_groups(builder: Builder, plan: Plan) -> list[tuple[str, list[PlannedKey]]]:
-    """The selected keys grouped by the artifact they share, groups and keys in plan order."""
+def artifact_groups(builder: Builder, plan: Plan, *, every_key: bool = False) -> list[tuple[str, list[PlannedKey]]]:
+    """The keys the plan selects by its estimates (`every_key`: all planned keys) grouped by the
+    artifact they share, groups and keys in plan order."""
     groups: dict[str, list[PlannedKey]] = {}
-    for pk in plan.selected:
+    for pk in plan.entries if every_key else plan.selected:
         groups.setdefault(builder.artifact_group(pk.key), []).append(pk)
     return list(groups.items())
 
@@ -115,28 +130,37 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
     require_selection(plan, profile.source)
     version = DRY_RUN_VERSION if dry_run else builder.backend.version()
     run = _Run(profile, out_dir, builder, model, device, new_manifest(profile, model, version, device, plan), plan)
-    groups = artifact_groups(builder, plan)
-    mine = [(i, name, pks) for i, (name, pks) in enumerate(groups) if _in_shard(i, shard)]
-    if dry_run:
-        for i, name, pks in mine:
-            if on_progress:
-                on_progress(f"checking {name}", i, len(groups))
-            run.check(name, pks)
+    progress = on_progress or (lambda doing, i, n: None)
+    if dry_run:                             # what the plan selects by its estimates
+        groups = artifact_groups(builder, plan)
+        for i, (name, pks) in enumerate(groups):
+            if _in_shard(i, shard):
+                progress(f"checking {name}", i, len(groups))
+                run.check(name, pks)
         return run.result
+    groups = artifact_groups(builder, plan, every_key=True)
     if (out_dir / "manifest.json").is_file():
         run.read_previous()
     units = {name: run.identify(pks) for name, pks in groups}      # each key's unit, built once
-    kept = {name for name, pks in groups if run.reuse(pks)}         # any shard's: the directory may be shared
-    todo = [(i, name, pks) for i, name, pks in mine if name not in kept]
+    reusable = {name for name, pks in groups if run.reuse(pks)}     # any shard's: the directory may be shared
     (out_dir / profile.backend).mkdir(parents=True, exist_ok=True)
     try:
-        for i, name, pks in todo:
-            if on_progress:
-                on_progress(f"building {name}", i, len(groups))
-            run.build(name, pks, units[name])
+        with run.measuring():
+            for i, (name, pks) in enumerate(groups):
+                if name in reusable:
+                    progress(f"measuring {name}", i, len(groups))
+                elif not _in_shard(i, shard) or run.still_over_budget(pks) or run.skip_by_estimate(pks):
+                    continue
+                else:
+                    progress(f"building {name}", i, len(groups))
+                    run.build(name, pks, units[name])
+                run.admit(pks)
+                write_manifest(out_dir, run.manifest)
+        progress("measuring the directory", len(groups), len(groups))
+        run.measure_final()
     except KeyboardInterrupt:
         write_manifest(out_dir, run.manifest)
-        ids = {pk.key.id for _, _, pks in mine for pk in pks}
+        ids = {pk.key.id for i, (_, pks) in enumerate(groups) if _in_shard(i, shard) for pk in pks if pk.selected}
         built = sum(e.status == Status.BUILT and e.id in ids for e in run.manifest.entries)
         raise ExportInterrupted(built, len(ids)) from None
     write_manifest(out_dir, run.manifest)
@@ -152,11 +176,15 @@ class _Run:
         self.manifest = manifest
         self.build_options = builder.build_options(profile)
         self.result = ExportResult(out_dir, manifest, plan)
-        manifest.entries = [entry_for(pk, Status.PENDING if pk.selected else Status.SKIPPED_BUDGET)
-                            for pk in plan.entries]
+        manifest.entries = [entry_for(pk, Status.PENDING) for pk in plan.entries]
         self._position = {e.id: i for i, e in enumerate(manifest.entries)}
         self.previous: dict[str, Entry] = {}
         self.known_shared: dict[str, dict] = {}
+        self.ledger = Ledger(profile.budget_bytes, dict(plan.weight_bytes))
+        self.reused_ids: set[str] = set()
+        self.probe = None                   # the measurement process (runtime.memory), while measuring()
+        self.held: list[tuple[Entry, dict]] = []    # what it holds, in load order, with its measurements
+        self.only_kept_loaded = True        # it never held a key it released
 
     def entry(self, key_id: str) -> Entry:
         return self.manifest.entries[self._position[key_id]]
@@ -165,6 +193,7 @@ class _Run:
         try:        # an unreadable manifest is an error: it may not be c2w's directory at all
             old = read_manifest(self.out_dir)
             self.previous, self.known_shared = old.by_id(), old.shared
+            self.ledger.shared.update(old.engine_shared_bytes)
         except ForeignManifestError as e:
             log.warning("ignoring the existing manifest: %s", e)
 
@@ -195,7 +224,8 @@ class _Run:
 
     def reuse(self, pks: list[PlannedKey]) -> bool:
         """Keep the group's previous entries if every one is built with the identity it would get
-        now and its artifact is intact (an artifact shared by several keys is hashed once)."""
+        now and its artifact is intact (an artifact shared by several keys is hashed once). They
+        stay `built` until `admit` measures them against the budget."""
         olds = [self.previous.get(pk.key.id) for pk in pks]
         intact: dict[str, bool] = {}
         for old, pk in zip(olds, pks):
@@ -209,7 +239,7 @@ class _Run:
             old.category, old.est_bytes = pk.category, pk.est_bytes
             self.manifest.entries[self._position[old.id]] = old
             self.record_shared(old)
-        self.result.reused += len(pks)
+            self.reused_ids.add(old.id)
         return True
 
     def record_shared(self, e: Entry) -> None:
@@ -218,20 +248,153 @@ class _Run:
             self.manifest.shared[rel] = self.known_shared.get(rel) or file_record(self.out_dir, rel)
 
     def build(self, name: str, pks: list[PlannedKey], units: list[torch.nn.Module]) -> None:
-        """Build, hash and verify one group's artifact, then rewrite the manifest. The manifest
-        is also written before the build: it exists from the first build on, even if killed."""
+        """Build, hash and verify one group's artifact. The manifest is written before the build:
+        it exists from the first build on, even if killed."""
         write_manifest(self.out_dir, self.manifest)
         entries = [self.entry(pk.key.id) for pk in pks]
         job = self.job(name, pks, units)
         _build_group(self.builder, job, entries)
         self.result.findings += job.findings
+        self.result.failed += sum(e.status == Status.FAILED for e in entries)
+
+    # ------------------------------------------------------------------ the budget
+    @contextlib.contextmanager
+    def measuring(self):
+        """The measurement process for the loop (docs/budget.md), stopped whatever happens."""
+        self.probe = memory.MeasureProcess(self.out_dir, self.manifest, self.device)
+        try:
+            yield
+        finally:
+            self.probe.close()
+
+    def still_over_budget(self, pks: list[PlannedKey]) -> bool:
+        """Keep the group's keys over budget without rebuilding them when an earlier export
+        measured each one (same identity) and none fits the room by that measurement."""
+        kind = memory.memory_kind(self.device)
+        olds = [self.previous.get(pk.key.id) for pk in pks]
+        if not all(old is not None and old.status == Status.OVER_BUDGET and old.device_bytes is not None
+                   and old.memory_kind == kind and old.identity == self.entry(old.id).identity for old in olds):
+            return False
+        if any(self.ledger.fits(old.component, old.device_bytes) for old in olds):
+            return False
+        for old, pk in zip(olds, pks):
+            old.category, old.est_bytes = pk.category, pk.est_bytes
+            self.manifest.entries[self._position[old.id]] = old
+            self._over_budget(old, self.ledger.over_budget_reason(old))
+        return True
+
+    def skip_by_estimate(self, pks: list[PlannedKey]) -> bool:
+        """Leave the group unbuilt (`skipped_budget`) when no key's estimate fits the measured room."""
+        if any(self.ledger.fits(pk.key.component, pk.est_bytes) for pk in pks):
+            return False
+        for pk in pks:
+            self.entry(pk.key.id).status = Status.SKIPPED_BUDGET
+        return True
+
+    def admit(self, pks: list[PlannedKey]) -> None:
+        """Keep each built key of the group whose measured bytes fit the budget's room, next to
+        the keys kept so far; mark the others over budget. A key kept by an earlier export is
+        judged on its recorded bytes (a resumed export keeps what it kept); any other is loaded
+        into the measurement process and measured there. An artifact no kept key uses is removed."""
+        kind = memory.memory_kind(self.device)
+        entries = [self.entry(pk.key.id) for pk in pks]
         for e in entries:
-            if e.status == Status.BUILT:
-                self.record_shared(e)
-                self.result.built += 1
-            else:
+            if e.status != Status.BUILT:
+                continue
+            recorded = e.id in self.reused_ids and e.device_bytes is not None and e.memory_kind == kind
+            if recorded and not self.ledger.fits(e.component, e.device_bytes):
+                self._over_budget(e, self.ledger.over_budget_reason(e))
+                continue
+            try:
+                got = self._load(e)
+            except memory.MeasureError as err:
+                _failed(e, RuntimeError(f"measuring its memory failed: {err}"), e.build_seconds)
                 self.result.failed += 1
+                continue
+            if not recorded:
+                e.device_bytes, e.memory_kind = got["bytes"], kind
+            if self.ledger.fits(e.component, e.device_bytes):
+                self.ledger.keep(e)
+                self.record_shared(e)
+                self.result.reused += e.id in self.reused_ids
+                self.result.built += e.id not in self.reused_ids
+            else:
+                self._over_budget(e, self.ledger.over_budget_reason(e))
+                self._unload(e.id)
+        self.manifest.engine_shared_bytes = dict(self.ledger.shared)
+        self._remove_unused_artifacts(entries)
+
+    def _load(self, e: Entry) -> dict:
+        """Load `e` into the measurement process (restarted with the kept keys if it died)."""
+        if not self.probe.alive:
+            self.probe.close()
+            self.probe = memory.MeasureProcess(self.out_dir, self.manifest, self.device)
+            self.held = [(self.entry(k), self.probe.add(self.entry(k))) for k in self.ledger.kept]
+            self.only_kept_loaded = True
+        got = self.probe.add(e)
+        for comp, n in got["shared"].items():
+            self.ledger.shared.setdefault(comp, n)      # a resumed export keeps the recorded number
+        self.held.append((e, got))
+        return got
+
+    def _unload(self, key_id: str) -> None:
+        """Release a key the budget has no room for. Memory it freed is reused by the next loads,
+        which then read low (docs/budget.md): from now on the process is no fresh measurement of
+        the directory, and `measure_final` measures it in a new one."""
+        self.probe.drop(key_id)
+        self.held = [(e, got) for e, got in self.held if e.id != key_id]
+        self.only_kept_loaded = False
+
+    def _over_budget(self, e: Entry, why: str) -> None:
+        e.status, e.error = Status.OVER_BUDGET, why
+        self.ledger.kept.pop(e.id, None)
+        self.result.over_budget += 1
+
+    def _remove_unused_artifacts(self, entries: list[Entry]) -> None:
+        in_use = {e.artifact for e in self.manifest.entries if e.status == Status.BUILT}
+        for e in entries:
+            if e.status == Status.OVER_BUDGET and e.artifact and e.artifact not in in_use:
+                (self.out_dir / e.artifact).unlink(missing_ok=True)
+                e.artifact, e.artifact_bytes, e.artifact_sha256 = None, 0, ""
+
+    def measure_final(self) -> None:
+        """Record the directory's keys measured together in a fresh process: the loop's own
+        measurement process if it held exactly them, else a new one. Each kept key's bytes and
+        each component's engine state become that measurement's, so that they add up to its
+        total. While the total is over the budget, the keys from the first one that takes it
+        over are `over_budget` and the directory is measured again."""
         write_manifest(self.out_dir, self.manifest)
+        budget, kind = self.manifest.budget_bytes, memory.memory_kind(self.device)
+        built = [e.id for e in self.manifest.entries if e.status == Status.BUILT]
+        got = None
+        if self.only_kept_loaded and [e.id for e, _ in self.held] == built:
+            got = {"kind": kind, **memory.summarize(self.manifest.weight_bytes, self.held)}
+        while built:
+            try:
+                got = got or memory.measure_directory(self.out_dir, self.manifest, self.device)
+            except memory.MeasureError as err:
+                self.manifest.measured = {"error": str(err)}
+                self.result.measure_error = f"the directory could not be measured: {err}"
+                return
+            per_key = got.pop("per_key")
+            first = next((i for i, (_, _, total) in enumerate(per_key) if total > budget), None)
+            if first is None:
+                for key_id, own, _ in per_key:
+                    self.entry(key_id).device_bytes, self.entry(key_id).memory_kind = own, kind
+                self.manifest.engine_shared_bytes.update(got["engine_shared_bytes"])
+                self.manifest.measured = got
+                return
+            why = (f"over budget: the directory measured {mib(per_key[first][2])} MiB in a fresh process with the "
+                   f"keys up to {per_key[first][0]}, budget {mib(budget)} MiB")
+            dropped = [self.entry(key_id) for key_id, _, _ in per_key[first:]]
+            for e in dropped:
+                self._over_budget(e, why)
+                self.result.reused -= e.id in self.reused_ids
+                self.result.built -= e.id not in self.reused_ids
+            self._remove_unused_artifacts(dropped)
+            write_manifest(self.out_dir, self.manifest)
+            built, got = built[:first], None
+        self.manifest.measured = {}
 
 
 def _artifact_ok(out_dir: Path, e: Entry) -> bool:

@@ -2,12 +2,19 @@
 
 Shards must come from the same profile, model digest, backend version and device; each key is
 taken from the shard that built it (an entry `built` anywhere wins over `pending`).
+
+Each shard held the budget for its own keys only; the merge holds it for the whole: in plan
+order, a built key is kept while the eager weights and engine state of the components in use
+(once each) plus the kept keys' measured bytes fit the budget, and the rest are `over_budget`
+(not copied). The merged directory has not been loaded together (`measured` is empty): `c2w
+verify` measures it in a fresh process (docs/budget.md).
 """
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+from exporter.budget import Ledger
 from runtime.atomic import atomic_output
 from runtime.errors import C2WUserError
 from runtime.manifest import Manifest, Status, file_sha256, read_manifest, write_manifest
@@ -34,21 +41,38 @@ def merge_dirs(out: Path, shards: list[Path]) -> Manifest:
                (b.get("digest", b) if isinstance(b, dict) and f in ("profile", "model") else b):
                 raise C2WUserError(f"shard '{s}' {f}", repr(b), f"{a!r} (as in '{shards[0]}')",
                                    "Merge only shards of one export (same profile, model, backend, device).")
-    rank = {Status.BUILT: 0, Status.FAILED: 1, Status.UNSUPPORTED: 2, Status.SKIPPED_BUDGET: 3, Status.PENDING: 4}
+    rank = {Status.BUILT: 0, Status.FAILED: 1, Status.UNSUPPORTED: 2, Status.OVER_BUDGET: 3, Status.SKIPPED_BUDGET: 4,
+            Status.PENDING: 5}
     best: dict[str, tuple] = {}
     for s, m in zip(shards, manifests):
         for e in m.entries:
             if e.id not in best or rank[e.status] < rank[best[e.id][1].status]:
                 best[e.id] = (s, e)
     out = Path(out)
-    merged = Manifest(**{**base.__dict__, "entries": [],
-                         "shared": {k: v for m in manifests for k, v in m.shared.items()}})
+    shared_state: dict[str, int] = {}          # the same state in every shard: the largest measurement
+    for m in manifests:
+        for comp, n in m.engine_shared_bytes.items():
+            shared_state[comp] = max(n, shared_state.get(comp, 0))
+    ledger = Ledger(base.budget_bytes, dict(base.weight_bytes), shared_state)
+    merged = Manifest(**{**base.__dict__, "entries": [], "shared": {}, "engine_shared_bytes": shared_state,
+                         "measured": {}})
+    files = {k: v for m in manifests for k, v in m.shared.items()}
     for s, e in (best[e.id] for e in base.entries if e.id in best):
-        if e.status == Status.BUILT and Path(s).resolve() != out.resolve():
-            _copy(s / e.artifact, out / e.artifact)
-            for rel in e.extra.get("weights_files", []):               # ONNX Runtime's shared weights
-                _copy(s / rel, out / rel)
+        if e.status == Status.BUILT and e.device_bytes is not None and not ledger.fits(e.component, e.device_bytes):
+            e.status, e.error = Status.OVER_BUDGET, f"c2w merge: {ledger.over_budget_reason(e)}"
+        if e.status == Status.BUILT:
+            ledger.keep(e)
+            weights = e.extra.get("weights_files", [])                  # ONNX Runtime's shared weights
+            if Path(s).resolve() != out.resolve():
+                for rel in [e.artifact, *weights]:
+                    _copy(s / rel, out / rel)
+            merged.shared.update({rel: files[rel] for rel in weights})
         merged.entries.append(e)
+    in_use = {e.artifact for e in merged.entries if e.status == Status.BUILT}
+    for e in merged.entries:               # merging into a shard's own directory: what it no longer serves goes
+        if e.status == Status.OVER_BUDGET and e.artifact and e.artifact not in in_use:
+            (out / e.artifact).unlink(missing_ok=True)
+            e.artifact, e.artifact_bytes, e.artifact_sha256 = None, 0, ""
     write_manifest(out, merged)
     return merged
 

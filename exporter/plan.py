@@ -1,19 +1,19 @@
 """Sweep planning: the exact ShapeKeys a profile's streams hit, their byte estimates, the budget cut.
 
-The schedule is simulated the way runtime.stream drives a stream: prompt P frames, then chunks of
-N tokens (2 (N - 3) mel frames each); the estimator cache goes P -> P+T -> ... and is trimmed to
-P + 100 (the conformer cache too when `trim_conformer`); HiFT sees T frames with no cache first,
-then T + 8 frames with the 3840-sample source cache.
+The keys come from exporter.sessions (the schedule's streams). The budget is filled in one order:
+without a `traffic` section, the profile's priority (categories, then small batches first); with
+one, expected milliseconds saved per byte under that traffic (exporter.traffic), and the plan
+carries the predicted engine hit rate and saved time, next to what the priority order would give.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exporter import traffic
+from exporter.sessions import stream_keys  # noqa: F401  (the planner's keys; callers import it from here)
 from runtime.errors import C2WUserError
 from runtime.model.config import ModelConfig
-from runtime.stream import KEEP_RECENT
 from runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
-
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class PlannedKey:
     category: str                 # first | steady | setup | tail | extra
     est_bytes: int                # per-key device bytes (I/O + workspace), weights excluded
     selected: bool = False
+    calls_per_session: float | None = None    # with traffic: expected calls of this key per session
+    saved_ms_per_call: float | None = None    # with traffic: eager minus engine ms
 
 
 @dataclass
@@ -31,6 +33,9 @@ class Plan:
     budget_bytes: int
     shares_weights: bool
     notes: list[str] = field(default_factory=list)
+    prediction: traffic.Prediction | None = None   # with traffic: of this plan's selection
+    baseline: traffic.Prediction | None = None     # with traffic: of the priority order's selection
+    timing_source: str = ""                        # with traffic: where the per-key timings come from
 
     @property
     def selected(self) -> list[PlannedKey]:
@@ -45,41 +50,6 @@ class Plan:
         weights = sum(self.weight_bytes[c] for c in comps) if self.shares_weights else \
             sum(self.weight_bytes[e.key.component] for e in self.selected)
         return weights + sum(e.est_bytes for e in self.selected)
-
-
-def _trim(n: int, prompt: int) -> int:
-    return n if n <= prompt + KEEP_RECENT else prompt + KEEP_RECENT
-
-
-def stream_keys(cfg: ModelConfig, profile) -> list[tuple[str, ShapeKey]]:
-    """(category, key) for every chunk of every (batch, chunk size) stream, in stream order."""
-    s, prec = profile.schedule, profile.precision
-    hift_cache = cfg.hift_source_cache
-    out = []
-    for B in s.batch_sizes:
-        if s.setup_keys:           # the prompt set-up: P/2 tokens + 3 lookahead, empty caches
-            P = s.prompt_frames
-            out.append(("setup", ShapeKey("flow_encoder", (B, P // cfg.up_rate + cfg.encoder.pre_lookahead, 0, 0),
-                                          prec.flow_encoder)))
-            out.append(("setup", ShapeKey("cfm", (B, P, 0), prec.cfm)))
-        for N in s.chunk_tokens:
-            T = cfg.up_rate * (N - cfg.encoder.pre_lookahead)
-            C = L = s.prompt_frames
-            for i in range(s.max_chunks):
-                cat = "first" if i == 0 else "steady"
-                out.append((cat, ShapeKey("flow_encoder", (B, N, C, 0), prec.flow_encoder)))
-                out.append((cat, ShapeKey("cfm", (B, T, L), prec.cfm)))
-                out.append((cat, ShapeKey("hift", (B, T, 0) if i == 0 else (B, T + cfg.hift_mel_cache, hift_cache),
-                                          prec.hift)))
-                C = _trim(C + T, s.prompt_frames) if s.trim_conformer else C + T
-                L = _trim(L + T, s.prompt_frames)
-            for n in s.tail_tokens:        # the final chunk, after the steady state
-                Tt = cfg.up_rate * n
-                out.append(("tail", ShapeKey("flow_encoder", (B, n, C, 1), prec.flow_encoder)))
-                out.append(("tail", ShapeKey("cfm", (B, Tt, L), prec.cfm)))
-                out.append(("tail", ShapeKey("hift", (B, Tt + cfg.hift_mel_cache, hift_cache), prec.hift)))
-    out += [("extra", k) for k in profile.extra_keys]
-    return out
 
 
 def estimate_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
@@ -107,8 +77,21 @@ def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
     return out
 
 
+def _fill(ordered: list[ShapeKey], est: dict[ShapeKey, int], weights: dict[str, int], budget: int,
+          shares_weights: bool) -> dict[ShapeKey, bool]:
+    """Select keys in `ordered` order while they fit; a component's weights count with its first key."""
+    chosen, used, charged = {}, 0, set()
+    for key in ordered:
+        w = 0 if (shares_weights and key.component in charged) else weights[key.component]
+        chosen[key] = used + w + est[key] <= budget
+        if chosen[key]:
+            used += w + est[key]
+            charged.add(key.component)
+    return chosen
+
+
 def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights: bool = True) -> Plan:
-    """Order keys by the profile's priority (then small batches first) and select within budget.
+    """Order keys (by priority, or by traffic when the profile declares it) and select within budget.
 
     weights: per-component weight bytes at the profile's precision (see weight_bytes).
     """
@@ -119,17 +102,22 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
     for cat, key in keys:
         if key not in first_cat or rank[cat] < rank[first_cat[key]]:
             first_cat[key] = cat
-    ordered = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dims[0], k.component, k.dims))
-    entries, used, charged = [], 0, set()
-    for key in ordered:
-        est = estimate_bytes(cfg, key)
-        w = 0 if (shares_weights and key.component in charged) else weights[key.component]
-        ok = used + w + est <= profile.budget_bytes
-        if ok:
-            used += w + est
-            charged.add(key.component)
-        entries.append(PlannedKey(key, first_cat[key], est, ok))
-    plan = Plan(entries, weights, profile.budget_bytes, shares_weights)
+    by_priority = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dims[0], k.component, k.dims))
+    est = {k: estimate_bytes(cfg, k) for k in by_priority}
+    if profile.traffic is None:
+        chosen = _fill(by_priority, est, weights, profile.budget_bytes, shares_weights)
+        plan = Plan([PlannedKey(k, first_cat[k], est[k], chosen[k]) for k in by_priority], weights,
+                    profile.budget_bytes, shares_weights)
+    else:
+        use = traffic.usage(cfg, profile, by_priority)
+        ordered = traffic.rank_keys(by_priority, use.value, est, weights, shares_weights)
+        chosen = _fill(ordered, est, weights, profile.budget_bytes, shares_weights)
+        plan = Plan([PlannedKey(k, first_cat[k], est[k], chosen[k], use.calls.get(k, 0.0), use.timings[k].saved_ms)
+                     for k in ordered], weights, profile.budget_bytes, shares_weights, timing_source=use.timing_source)
+        plan.prediction = use.predict([k for k in ordered if chosen[k]])
+        old = _fill(by_priority, est, weights, profile.budget_bytes, shares_weights)
+        plan.baseline = use.predict([k for k in by_priority if old[k]])
+    entries = plan.entries
     if entries and not any(e.selected for e in entries):
         need = min(entries, key=lambda e: weights[e.key.component] + e.est_bytes)
         plan.notes.append(f"no key fits the budget of {profile.budget_bytes / 2**20:.1f} MiB; the smallest "

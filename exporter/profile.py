@@ -47,6 +47,23 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class Traffic:
+    """The traffic a deployment expects (docs/profiles.md). Shares are ((value, share), ...) with
+    shares summing to 1. A session is B streams opened, stepped and closed together: one prompt
+    set-up, `session_chunks` non-final chunks of `chunk_tokens` tokens, one final chunk."""
+    batch_sizes: tuple[tuple[int, float], ...]       # share of sessions (and so of unit calls) per B
+    chunk_tokens: tuple[tuple[int, float], ...]      # share of sessions per non-final chunk size
+    session_chunks: tuple[tuple[int, float], ...]    # share of sessions per count of non-final chunks
+    tail_tokens: tuple[tuple[int, float], ...] = ()  # share per final-chunk size; () = sizes unknown
+    calibration: str | None = None                   # c2w bench's calibration.json (path)
+    engine_speedup: float = 3.0                      # timing model without calibration: eager / engine
+    eager_tflops: float | None = None                # its eager throughput; None: EAGER_TFLOPS[device]
+
+
+EAGER_TFLOPS = {"cpu": 0.02, "cuda": 20.0}           # the timing model's eager TFLOP/s by device
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     model: str = "random:tiny"
@@ -58,6 +75,7 @@ class Profile:
     extra_keys: tuple[ShapeKey, ...] = ()
     priority: tuple[str, ...] = ("steady", "first", "setup", "tail", "extra")
     workspace_bytes: int = 1 << 30           # TensorRT builder workspace limit
+    traffic: Traffic | None = None           # None: the budget follows `priority`
     source: str = ""                         # file it was read from
     digest: str = ""                         # sha256 of the file's canonical content
 
@@ -194,8 +212,70 @@ def parse_profile(data: dict, source: str = "<dict>") -> Profile:
             raise C2WUserError(w("priority"), repr(pr), f"a list of distinct categories from {list(CATEGORIES)}")
         kw["priority"] = tuple(pr) + tuple(c for c in CATEGORIES if c not in pr)
 
+    if "traffic" in d:
+        kw["traffic"] = _parse_traffic(d["traffic"], kw["schedule"], source, w)
+
     canon = yaml.safe_dump(data, sort_keys=True).encode()
     return Profile(source=source, digest=hashlib.sha256(canon).hexdigest()[:16], **kw)
+
+
+# traffic maps: smallest size and an example
+_SHARES = {"batch_sizes": (1, "{1: 0.6, 8: 0.4}"), "chunk_tokens": (4, "{28: 0.7, 78: 0.3}"),
+           "session_chunks": (1, "{4: 0.5, 10: 0.5}"), "tail_tokens": (1, "{13: 0.5, 20: 0.5}")}
+SHARE_SUM_TOLERANCE = 1e-3
+MAX_SESSION_CHUNKS = 10_000
+
+
+def _shares(where: str, v, minimum: int, example: str) -> tuple[tuple[int, float], ...]:
+    """{value: share} with integer values >= minimum, shares >= 0 summing to 1."""
+    example = f"a mapping of sizes to shares summing to 1, e.g. {example}"
+    if not isinstance(v, dict) or not v:
+        raise C2WUserError(where, repr(v), example)
+    bad_keys = [k for k in v if not isinstance(k, int) or isinstance(k, bool) or k < minimum]
+    if bad_keys:
+        raise C2WUserError(where, f"sizes {bad_keys!r}", f"integers >= {minimum} as keys of {example}")
+    bad = {k: x for k, x in v.items() if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0}
+    if bad:
+        raise C2WUserError(where, f"shares {bad!r}", "numbers >= 0")
+    total = sum(v.values())
+    if abs(total - 1) > SHARE_SUM_TOLERANCE:
+        raise C2WUserError(where, f"shares summing to {total:.4g}", f"shares summing to 1 (+-{SHARE_SUM_TOLERANCE})",
+                           "Give each size its fraction of the whole.")
+    return tuple(sorted((k, float(x)) for k, x in v.items()))
+
+
+def _parse_traffic(t, schedule: Schedule, source: str, w) -> Traffic:
+    where = w("traffic")
+    t = _check_keys(where, t, {f.name for f in dataclasses.fields(Traffic)})
+    missing = [k for k in ("batch_sizes", "chunk_tokens", "session_chunks") if k not in t]
+    if missing:
+        raise C2WUserError(where, f"no {missing}", "batch_sizes, chunk_tokens and session_chunks, each a mapping "
+                           "of sizes to shares", "See docs/profiles.md, section Traffic.")
+    kw = {k: _shares(w(f"traffic.{k}"), t[k], *_SHARES[k]) for k in _SHARES if k in t}
+    longest = max(n for n, _ in kw["session_chunks"])
+    if longest > MAX_SESSION_CHUNKS:
+        raise C2WUserError(w("traffic.session_chunks"), f"a session of {longest} chunks",
+                           f"at most {MAX_SESSION_CHUNKS} chunks (beyond a few, caches are trimmed and every "
+                           "chunk hits the same keys)")
+    if schedule.tail_tokens and "tail_tokens" not in kw:
+        raise C2WUserError(w("traffic.tail_tokens"), "nothing", f"the shares of final-chunk sizes, since "
+                           f"schedule.tail_tokens builds final-chunk keys {list(schedule.tail_tokens)}",
+                           "Add e.g. tail_tokens: {13: 0.5, 20: 0.5}.")
+    for name, above, what in (("engine_speedup", 1, "eager time / engine time"), ("eager_tflops", 0, "TFLOP/s")):
+        if name in t:
+            x = t[name]
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > above:
+                raise C2WUserError(w(f"traffic.{name}"), repr(x), f"a number > {above} ({what})")
+            kw[name] = float(x)
+    if "calibration" in t:
+        rel = _typed(w("traffic.calibration"), t["calibration"], str)
+        path = Path(rel) if os.path.isabs(rel) else Path(source).parent / rel
+        if not path.is_file():
+            raise C2WUserError(w("traffic.calibration"), f"'{rel}' (no file at '{path}')",
+                               "a calibration.json written by c2w bench, relative to the profile's folder",
+                               "Run c2w bench on built artifacts, or remove the key to use the timing model.")
+        kw["calibration"] = os.path.normpath(path)
+    return Traffic(**kw)
 
 
 def resolve_profile_path(name: str | Path) -> Path:

@@ -2,8 +2,10 @@
 
 Per concurrency N: N client threads arrive staggered (fixed offsets or Poisson), each runs a
 whole session (prompt, a 28-token first chunk, `steady_chunks` chunks of `chunk_tokens`, a final
-chunk) closed-loop: the first chunk is submitted once the prompt is set up, each next one as
-soon as the previous one's PCM is back. Time to first audio counts from `open_stream`. Reports
+chunk): the first chunk is submitted once the prompt is set up, each next one as soon as the
+previous one's PCM is back (closed loop: the GPU is never idle) or, with `token_rate`, not before
+the LLM would have produced its tokens (paced: after the first chunk, `token_rate` tokens per
+second per stream; 25 is real time). Time to first audio counts from `open_stream`. Reports
 time to first audio, chunk latencies, aggregate and steady-phase audio-s/s, the batch sizes the
 server ran, the engine hit rate and the slot pool's memory; checks that every stream got each of
 its chunks once, with the right length, and that sampled streams equal their solo runs.
@@ -83,13 +85,17 @@ def direct_reference(rt, B: int, P: int, chunk_tokens: int, reps: int) -> dict:
             "steady_audio_s_per_s": audio_s / (_pct(steady, 0.5) / 1e3)}
 
 
-def _client(server, ins, arrive_at: float, t_start: float, log: dict) -> None:
+def _client(server, ins, arrive_at: float, t_start: float, log: dict, token_rate: float = 0.0) -> None:
     time.sleep(max(0.0, t_start + arrive_at - time.perf_counter()))
     t_open = time.perf_counter()
     h = server.open_stream(*ins[:3])
     h.ready.result()                            # the prompt is set up (or copied from the voice cache)
     log["setup_ms"] = (time.perf_counter() - t_open) * 1e3
+    t_first, new_tokens = time.perf_counter(), 0
     for j, (tok, last) in enumerate(ins[3]):
+        if token_rate and j:                    # paced: its tokens exist only from then on
+            new_tokens += int(tok.shape[0])
+            time.sleep(max(0.0, t_first + new_tokens / token_rate - time.perf_counter()))
         t0 = time.perf_counter()
         pcm = server.submit(h, tok, last=last).result()
         t1 = time.perf_counter()
@@ -101,7 +107,7 @@ def _client(server, ins, arrive_at: float, t_start: float, log: dict) -> None:
 
 
 def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: int, stagger_ms: float,
-              arrival: str, seed: int, check_streams: int, voices: int = 0) -> dict:
+              arrival: str, seed: int, check_streams: int, voices: int = 0, token_rate: float = 0.0) -> dict:
     cfg = rt.model.cfg
     rng = random.Random(seed + N)
     offsets, t = [], 0.0
@@ -115,7 +121,7 @@ def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: i
     logs = [{"chunks": [], "pcm": []} for _ in range(N)]
     before_units, before_srv = rt.stats(), server.stats()
     t_start = time.perf_counter() + 0.05
-    threads = [threading.Thread(target=_client, args=(server, ins[i], offsets[i], t_start, logs[i]))
+    threads = [threading.Thread(target=_client, args=(server, ins[i], offsets[i], t_start, logs[i], token_rate))
                for i in range(N)]
     for th in threads:
         th.start()
@@ -166,7 +172,8 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
            "batches": calls, "engine_hit_rate": hits / max(1, hits + misses), "unit_calls": hits + misses,
            "pool_bytes": after_srv["pool_bytes"], "failed_chunks": after_srv.get("failed_chunks", 0)
            - before_srv.get("failed_chunks", 0),
-           **{k: after_srv.get(k, 0) - before_srv.get(k, 0) for k in ("voice_hits", "in_place_calls", "flushed_rows")}}
+           **{k: after_srv.get(k, 0) - before_srv.get(k, 0)
+              for k in ("voice_hits", "in_place_calls", "flushed_rows", "overlapped_batches")}}
     row["solo_check"] = solo_check(rt, ins[:check_streams], [log["pcm"] for log in logs[:check_streams]])
     return row
 
@@ -184,7 +191,8 @@ def solo_check(rt, ins, served) -> dict:
 
 def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: int = 28, steady_chunks: int = 8,
                   stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0, voices: int = 0,
-                  check_streams: int = 2, reps: int = 10, seed: int = 0, save=lambda res: None) -> dict:
+                  lanes: int = 1, token_rate: float = 0.0, check_streams: int = 2, reps: int = 10, seed: int = 0,
+                  save=lambda res: None) -> dict:
     import runtime
     from exporter.bench import _commit
     rt = runtime.load(artifact_dir)
@@ -193,7 +201,8 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
     res = {"artifact_dir": str(artifact_dir), "commit": _commit(), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "chunk_tokens": chunk_tokens, "steady_chunks": steady_chunks, "arrival": arrival,
-           "stagger_ms": stagger_ms, "max_wait_ms": max_wait_ms, "voices": voices, "prompt_frames": P, "levels": []}
+           "stagger_ms": stagger_ms, "max_wait_ms": max_wait_ms, "voices": voices, "lanes": lanes,
+           "token_rate": token_rate, "prompt_frames": P, "levels": []}
     largest = max(concurrency)
     cfg = rt.model.cfg
     steady = (cfg.up_rate * (chunk_tokens - cfg.encoder.pre_lookahead), P + 100)     # the steady CFM (T, L)
@@ -203,13 +212,13 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
     res[f"direct_B{batch_ref}"] = direct_reference(rt, batch_ref, P, chunk_tokens, reps) if batch_ref > 1 else None
     res["batch_reference"] = batch_ref
     save(res)
-    with rt.serve(max_streams=largest, max_prompt_frames=P, max_wait_ms=max_wait_ms) as server:
+    with rt.serve(max_streams=largest, max_prompt_frames=P, max_wait_ms=max_wait_ms, lanes=lanes) as server:
         res["pool_copy_ms"] = {f"B={b}": pool_copy_ms(server.pool, b, reps) for b in sorted({1, batch_ref})}
         save(res)
         for N in concurrency:
             row = run_level(rt, server, N, P=P, chunk_tokens=chunk_tokens, steady_chunks=steady_chunks,
                             stagger_ms=stagger_ms, arrival=arrival, seed=seed, check_streams=min(check_streams, N),
-                            voices=voices)
+                            voices=voices, token_rate=token_rate)
             res["levels"].append(row)
             save(res)
             print(f"  N={N}: ttfa p95 {row['ttfa_ms']['p95']:.1f} ms, steady p95 {row['steady_chunk_ms']['p95']:.1f} ms, "
@@ -247,6 +256,9 @@ def to_markdown(res: dict) -> str:
              f"{res['chunk_tokens']}-token chunks ({res['steady_chunks']} per stream after a 28-token first chunk, "
              f"then a {TAIL_TOKENS}-token final chunk), prompt {res['prompt_frames']} frames, arrivals "
              f"{res['arrival']} every {res['stagger_ms']} ms, max wait {res['max_wait_ms']} ms, "
+             f"{res.get('lanes', 1)} lane(s), "
+             + (f"clients paced at {res['token_rate']:g} tokens/s after the first chunk, " if res.get("token_rate")
+                else "closed-loop clients, ")
              + (f"{res['voices']} voices shared by the streams." if res.get("voices") else "a prompt of its own per stream."),
              "",
              f"Direct `Runtime.step`, B=1: first chunk {ref1['first_ms']:.1f} ms, steady p50 "
@@ -268,6 +280,7 @@ def to_markdown(res: dict) -> str:
                      f"| {f(s['p50'])}/{f(s['p95'])} | {f(r['audio_s_per_s'])} | {f(r['steady_audio_s_per_s'])} "
                      f"| {f(r['rtf'], 3)} | {r['engine_hit_rate']:.2f} | {r.get('voice_hits', 0)} | "
                      + ", ".join(f"{k}: {v}" for k, v in r["batches"].items())
+                     + (f" ({r['overlapped_batches']} overlapped)" if r.get("overlapped_batches") else "")
                      + f" | {r['pool_bytes'] / 2**20:.0f} | {r['lost']}/{r['duplicated']}/{r['wrong_length']} "
                      f"| {r['solo_check']['worst_pcm_rel_l2']:.1e} |")
     lines += ["", *ratios(res)]

@@ -7,6 +7,7 @@ file, or an engine that fails at run time is logged once (file + reason) and ser
 """
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import defaultdict
@@ -66,6 +67,22 @@ class EngineCache:
     def load(self, key: ShapeKey) -> bool:
         """Load the engine for `key` now rather than on its first call; True if it is usable."""
         return self._engine(key) is not None
+
+    def replica(self) -> "EngineCache":
+        """A cache with engine instances of its own over the same artifacts, counting into the same
+        stats: for a thread that runs engines while this cache's users run theirs (an engine is
+        not thread-safe, and one backend's CUDA graphs share a memory pool, so their replays take
+        turns). Entries, weights and the eager fallback are shared. On CUDA its engines load now:
+        a graph capture while other threads launch kernels would collide with them."""
+        twin = copy.copy(self)
+        twin._engines, twin._bad = {}, dict(self._bad)
+        twin._locks, twin._load_lock = defaultdict(threading.Lock), threading.Lock()
+        if self.backend is not None:
+            twin.backend = type(self.backend)()
+        if self.device.type == "cuda":
+            for key in twin.keys:
+                twin.load(key)
+        return twin
 
     # ------------------------------------------------------------------ loading
     def _disable(self, reason: str) -> None:

@@ -2,6 +2,9 @@
 
 Written by the exporter, read by the runtime, `c2w report` and `c2w verify`. Users' CI parses it:
 change FORMAT_VERSION on any incompatible change; a reader treats another version as foreign.
+Version 2 added the `over_budget` status, `engine_shared_bytes` and `measured`, and changed what
+`device_bytes` means (resident bytes, docs/budget.md); a version-1 manifest is still read, its
+per-key numbers (peaks during load + one run) dropped as unmeasured.
 """
 from __future__ import annotations
 
@@ -16,7 +19,11 @@ from runtime.errors import C2WUserError
 from runtime.model.weights import Code2Wav
 from runtime.precision import load_at_precision, set_tf32
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# Part of every artifact's identity: bump it when artifacts built by an older c2w must be rebuilt.
+# Independent of FORMAT_VERSION: a manifest field changing does not change an artifact.
+ARTIFACT_FORMAT = 1
 MANIFEST = "manifest.json"
 
 
@@ -25,7 +32,8 @@ class Status(str, enum.Enum):
     BUILT = "built"                     # built and verified against eager: the runtime serves it
     FAILED = "failed"                   # its build or its parity check failed (`error` says why)
     PENDING = "pending"                 # selected, not built yet (an interrupted export, another shard's key)
-    SKIPPED_BUDGET = "skipped_budget"   # not selected: the budget has no room for it
+    SKIPPED_BUDGET = "skipped_budget"   # not built: its estimate does not fit the measured room left
+    OVER_BUDGET = "over_budget"         # built and verified, but its measured bytes do not fit: not served
     UNSUPPORTED = "unsupported"         # the backend cannot build this key
 
     def __str__(self) -> str:
@@ -49,8 +57,8 @@ class Entry:
     artifact_bytes: int = 0
     artifact_sha256: str = ""
     est_bytes: int = 0             # planner estimate (per-key, weights excluded)
-    device_bytes: int | None = None    # measured after load + one run (see memory_kind)
-    memory_kind: str = ""          # "cuda" (torch.cuda allocated) or "host_rss"
+    device_bytes: int | None = None    # resident bytes of its own, loaded next to the keys kept before it (runtime.memory)
+    memory_kind: str = ""          # "cuda_device" (device memory in use) or "host_anon" (anonymous RSS)
     build_seconds: float = 0.0
     parity: dict = field(default_factory=dict)   # {"rel_l2": {output: value}, "tol": x, "passed": bool}
     input_names: list = field(default_factory=list)
@@ -75,6 +83,8 @@ class Manifest:
     schedule: dict = field(default_factory=dict)  # the profile's streaming schedule (trim rule, P, ...)
     shared: dict = field(default_factory=dict)   # shared files (ONNX weights): path -> {bytes, sha256}
     entries: list[Entry] = field(default_factory=list)
+    engine_shared_bytes: dict = field(default_factory=dict)   # component -> state its engines share, measured
+    measured: dict = field(default_factory=dict)   # the directory loaded together in a fresh process (docs/budget.md)
     format_version: int = FORMAT_VERSION
 
     def by_id(self) -> dict[str, Entry]:
@@ -87,6 +97,10 @@ class Manifest:
     def from_dict(cls, d: dict) -> "Manifest":
         d = dict(d)
         d["entries"] = [Entry(**e) for e in d.get("entries", [])]
+        if d.get("format_version") == 1:       # its device_bytes were peaks, not resident bytes
+            for e in d["entries"]:
+                e.device_bytes, e.memory_kind = None, ""
+            d["format_version"] = FORMAT_VERSION
         return cls(**d)
 
 
@@ -112,7 +126,7 @@ def read_manifest(out_dir: Path) -> Manifest:
                            "the UTF-8 JSON c2w export writes", redo) from None
     if not isinstance(d, dict):
         raise C2WUserError(f"manifest '{path}'", f"a JSON {type(d).__name__}", "a JSON object", redo)
-    if d.get("format_version") != FORMAT_VERSION:
+    if d.get("format_version") not in READABLE_VERSIONS:
         raise ForeignManifestError(f"manifest '{path}'", f"format_version {d.get('format_version')!r}",
                            f"format_version {FORMAT_VERSION}", "Re-export with this version of c2w.")
     try:
@@ -164,7 +178,7 @@ def entry_identity(*, model_digest: str, key_id: str, backend: str, backend_vers
     and `artifact_keys` (the ids of the keys sharing one artifact, in its order: a TensorRT plan's
     profiles) count only when given."""
     fields = {"model": model_digest, "key": key_id, "backend": backend, "backend_version": backend_version,
-              "torch": torch_version, "device": device, "precision": precision, "format": FORMAT_VERSION}
+              "torch": torch_version, "device": device, "precision": precision, "format": ARTIFACT_FORMAT}
     if build_options:
         fields["build_options"] = build_options
     if weights_layout:

@@ -6,13 +6,14 @@
     pcm = await server.submit_async(h, tail, last=True)       # from asyncio
     server.close(h); server.shutdown()
 
-Streams start, advance and end independently. A worker thread owns the chunks: it groups the
-ready chunks whose three unit keys are equal (they follow from a stream's prompt length, cache
-lengths, chunk length and last flag), runs each group as one batch through the same driver and
-engine cache as `Runtime.step`, and resolves each stream's future with its own PCM. A second
-worker sets up new streams' prompts (batched; engines for the set-up keys where built), so a new
-stream never holds up the others, and a prompt set up before (a voice) is copied, not set up
-again. Stream state lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
+Streams start, advance and end independently. Worker threads ("chunk lanes", `lanes` of them)
+own the chunks: each groups the ready chunks whose three unit keys are equal (they follow from a
+stream's prompt length, cache lengths, chunk length and last flag), runs a group as one batch
+through the same driver as `Runtime.step` (extra lanes over engine instances of their own), and
+resolves each stream's future with its own PCM. New streams' prompts are set up in batches too,
+on the set-up keys' engines in a chunk lane, or eagerly in a lane of their own so that a new
+stream never holds up the others; a prompt set up before (a voice) is copied, not set up again.
+Stream state lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
 
 Policies: groups are taken oldest-first (FIFO), so none starves. A group runs at once when it
 fills the largest batch the artifact directory has an engine for; a partial group waits only for
@@ -28,6 +29,7 @@ stream by stream, so only the faulty stream fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -153,19 +155,23 @@ class StreamServer:
     (voices) whose set-up state is kept in slots of its own, least recently used first out: a
     stream opened with a known prompt copies that state instead of being set up (0: off). seed:
     each stream's HiFT noise seed unless `open_stream` names one (the same default as
-    `Runtime.step`'s).
+    `Runtime.step`'s). lanes: batches that may run at the same time, each in a worker thread of
+    its own with engine instances of its own (`EngineCache.replica`) and, on CUDA, a stream of
+    its own, so that a new stream's small first chunk need not queue behind a large steady batch.
+    Each extra lane holds another copy of the engines' CUDA-graph buffers.
     """
 
     def __init__(self, runtime, *, max_streams: int = 64, max_prompt_frames: int | None = None,
                  max_wait_ms: float = DEFAULT_MAX_WAIT_MS, max_batch: int | None = None, voice_cache: int = 8,
-                 seed: int = 0):
+                 seed: int = 0, lanes: int = 1):
         driver = runtime.driver
         if not driver.trim_conformer:
             raise C2WUserError("stream server", "a runtime that does not trim the conformer cache",
                                "trim_conformer=True", "Its cache would grow without bound; load with trim_conformer=True.")
-        if max_streams < 1 or voice_cache < 0:
-            raise C2WUserError("stream server", f"max_streams={max_streams}, voice_cache={voice_cache}",
-                               "max_streams >= 1 and voice_cache >= 0")
+        if max_streams < 1 or voice_cache < 0 or lanes < 1:
+            raise C2WUserError("stream server",
+                               f"max_streams={max_streams}, voice_cache={voice_cache}, lanes={lanes}",
+                               "max_streams >= 1, voice_cache >= 0 and lanes >= 1")
         self.runtime, self.driver, self.cache = runtime, driver, runtime.cache
         cfg = driver.cfg
         self.max_prompt_frames = int(max_prompt_frames or runtime.schedule.get("prompt_frames", 300))
@@ -185,17 +191,29 @@ class StreamServer:
         self._streams: dict[int, _Stream] = {}
         self._voices: OrderedDict[bytes, tuple[int, dict]] = OrderedDict()   # digest -> (slot, lengths)
         self._ids = itertools.count()
-        self._cv = threading.Condition()
+        # One lock; each kind of lane waits on a condition of its own, so that a chunk submitted
+        # wakes the chunk lanes only (a needless wake-up costs the one that matters ~0.1 ms).
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)
+        self._wakeups = {"chunk": self._cv, "setup": threading.Condition(lock)}
         self._stopping = False
         self._counts = Counter()
         self._calls = Counter()            # (kind, batch size) -> calls
         self._built: dict[tuple, list[int]] = {}   # CFM (T, L) -> batch sizes with an engine
         self._seconds: dict[tuple, float] = {}     # (group signature, batch size) -> last call's wall time
         self._residents: list[_Resident] = []
-        # Two lanes: chunks, and prompt set-ups, so that a new stream's set-up never holds up the
-        # chunks of the streams already playing.
-        self._workers = [threading.Thread(target=self._loop, args=(lane,), name=f"c2w-serve-{lane}", daemon=True)
-                         for lane in ("chunk", "setup")]
+        self._running = 0                  # batches running now, in all lanes
+        # Worker threads: `lanes` chunk lanes (engine set-ups too), each with a driver over engines
+        # of its own, and one lane for eager set-ups, so that their host-bound Python never holds
+        # up the chunks of the streams already playing.
+        drivers = [driver] + [dataclasses.replace(driver, runner=self.cache.replica(), _window={})
+                              for _ in range(lanes - 1)]
+        self._replicas = [d.runner for d in drivers[1:]]
+        self._settle()                     # the pools' zero fill, before the lanes' streams write them
+        self._workers = [threading.Thread(target=self._loop, args=("chunk", d), name=f"c2w-serve-chunk{i}", daemon=True)
+                         for i, d in enumerate(drivers)]
+        self._workers.append(threading.Thread(target=self._loop, args=("setup", driver), name="c2w-serve-setup",
+                                              daemon=True))
         for w in self._workers:
             w.start()
 
@@ -231,11 +249,12 @@ class StreamServer:
                 self._voices.move_to_end(voice)
                 src, s.lengths = self._voices[voice]
                 self.pool.copy(src, s.slot)
+                self._settle()
                 s.ready = True
                 self._counts["voice_hits"] += 1
             else:
                 s.queue.append(_Request("setup", fut, tokens, prompt_mel=mel, spk=spk, voice=voice))
-            self._cv.notify_all()
+            self._wake(self._lane(s, s.queue[0]) if s.queue else "chunk")
         if s.ready:
             fut.set_result(handle)
         return handle
@@ -267,7 +286,7 @@ class StreamServer:
                     continue
                 s.last_submitted = req.last
                 s.queue.append(req)
-            self._cv.notify_all()
+            self._wake("chunk")
         return futures
 
     async def submit_async(self, handle: StreamHandle, tokens, last: bool = False) -> torch.Tensor:
@@ -288,14 +307,14 @@ class StreamServer:
                 s.queue.popleft().future.cancel()
             if not s.busy:
                 self._retire(s)
-            self._cv.notify_all()
+            self._wake()
         return s.released
 
     def stats(self) -> dict:
         """Counters since start, the slot pool, and the engine cache's hits/misses per key."""
         with self._cv:
             return {"open_streams": len(self._streams), "max_streams": self.max_streams,
-                    "voices": len(self._voices), "pool_bytes": self.pool.nbytes, **dict(self._counts),
+                    "lanes": len(self._workers) - 1, "voices": len(self._voices), "pool_bytes": self.pool.nbytes, **dict(self._counts),
                     "calls": {f"{kind} B={b}": n for (kind, b), n in sorted(self._calls.items())},
                     "units": self.cache.stats()}
 
@@ -306,10 +325,13 @@ class StreamServer:
             for s in self._streams.values():
                 while s.queue:
                     s.queue.popleft().future.cancel()
-            self._cv.notify_all()
+            self._wake()
         if wait:
             for w in self._workers:
                 w.join()
+            for r in self._replicas:
+                r.release()
+            self._replicas = []
 
     def __enter__(self):
         return self
@@ -318,6 +340,20 @@ class StreamServer:
         self.shutdown()
 
     # ------------------------------------------------------------------ bookkeeping (under the lock)
+    def _settle(self) -> None:
+        """Wait until this thread's device work is done. Slots and resident batches are written
+        on the writing lane's CUDA stream; another lane (another stream) may read them as soon as
+        the lock is released, so every write is complete before that (a batch of chunks already
+        waits for its PCM on the host)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _wake(self, lane: str | None = None) -> None:
+        """Wake the workers of `lane` ("chunk" or "setup"; None: all of them), under the lock."""
+        for name, cv in self._wakeups.items():
+            if lane in (None, name):
+                cv.notify_all()
+
     def _check_running(self) -> None:
         if self._stopping:
             raise C2WUserError("stream server", "a call after shutdown()", "a running server")
@@ -351,6 +387,7 @@ class StreamServer:
         i = R.rows.index(s)
         if flush:
             self.pool.scatter([s.slot], R.state, rows=[i])
+            self._settle()
             self._counts["flushed_rows"] += 1
         R.rows[i], s.resident = None, None
         if not any(R.rows):
@@ -426,9 +463,10 @@ class StreamServer:
         return None, timeout
 
     # ------------------------------------------------------------------ the worker
-    def _loop(self, lane: str) -> None:
+    def _loop(self, lane: str, driver) -> None:
         try:
-            self._serve(lane)
+            with _own_stream(self.device):
+                self._serve(lane, driver)
         except BaseException as exc:      # a bug here must fail the waiting callers, not hang them
             with self._cv:
                 self._stopping = True
@@ -437,10 +475,10 @@ class StreamServer:
                         f = s.queue.popleft().future
                         if f.set_running_or_notify_cancel():
                             f.set_exception(RuntimeError(f"c2w stream server stopped: {exc!r}"))
-                self._cv.notify_all()
+                self._wake()
             raise
 
-    def _serve(self, lane: str) -> None:
+    def _serve(self, lane: str, driver) -> None:
         while True:
             with self._cv:
                 rows = None
@@ -449,7 +487,7 @@ class StreamServer:
                         return
                     rows, built_or_wait = self._next_batch(lane, time.monotonic())
                     if rows is None:
-                        self._cv.wait(built_or_wait)
+                        self._wakeups[lane].wait(built_or_wait)
                 built, taken = built_or_wait, []
                 for s, r in rows:
                     s.queue.popleft()
@@ -458,6 +496,8 @@ class StreamServer:
                         taken.append((s, r))
                     elif r.kind == "setup":
                         s.closed = True
+                self._counts["overlapped_batches"] += self._running > 0
+                self._running += 1
             outcomes: list[tuple[Future, object]] = []
             try:
                 with torch.inference_mode():
@@ -467,15 +507,16 @@ class StreamServer:
                     eager_rows = 0 if setup and built else self.max_batch
                     for size, n in plan_batches(len(taken), built, max_eager=eager_rows):
                         part, taken = taken[:n], taken[n:]
-                        self._guarded(part, lambda p, size=size: work(p, size, size in built), outcomes)
+                        self._guarded(part, lambda p, size=size: work(driver, p, size, size in built), outcomes)
             finally:
                 with self._cv:                 # slots are free before any caller sees its result
+                    self._running -= 1
                     now = time.monotonic()
                     for s, _ in rows:
                         s.busy, s.idle_since = False, now
                         if s.closed or s.finished or s.error is not None:
                             self._retire(s)
-                    self._cv.notify_all()
+                    self._wake("chunk")        # idle streams and ready ones: groups may form
                 for fut, value in outcomes:
                     if isinstance(value, BaseException):
                         fut.set_exception(value)
@@ -510,7 +551,7 @@ class StreamServer:
             outcomes.extend((q.future, later) for q in s.queue)
             s.queue.clear()
 
-    def _setup(self, part: list, size: int, engine: bool) -> list:
+    def _setup(self, driver, part: list, size: int, engine: bool) -> list:
         """Set up the prompts of `part` as one batch of `size` rows (padding repeats the first
         row), each distinct prompt once; streams with the same prompt get a copy, and the voice
         cache keeps one."""
@@ -521,9 +562,10 @@ class StreamServer:
         size = size if engine else len(rows)
         pad = [rows[0][1]] * (size - len(rows))
         reqs = [r for _, r in rows] + pad
-        state = self.driver.setup(torch.stack([r.tokens for r in reqs]), torch.cat([r.prompt_mel for r in reqs]),
+        state = driver.setup(torch.stack([r.tokens for r in reqs]), torch.cat([r.prompt_mel for r in reqs]),
                                   torch.cat([r.spk for r in reqs]))
         lengths = self.pool.scatter([s.slot for s, _ in rows], state)
+        self._settle()                        # the set-up itself, before taking the lock
         with self._cv:
             self._calls[("setup" if engine else "setup eager", size)] += 1
             for s, r in part:
@@ -533,6 +575,7 @@ class StreamServer:
                 s.lengths, s.ready = lengths, True
             for voice, (s, _) in firsts.items():
                 self._keep_voice(voice, s.slot, lengths)
+            self._settle()
         return [(r.future, StreamHandle(s.id, r.future, s)) for s, r in part]
 
     def _keep_voice(self, voice: bytes, slot: int, lengths: dict) -> None:
@@ -546,7 +589,7 @@ class StreamServer:
         self.pool.copy(slot, dst)
         self._voices[voice] = (dst, lengths)
 
-    def _chunk(self, part: list, size: int, engine: bool) -> list:
+    def _chunk(self, driver, part: list, size: int, engine: bool) -> list:
         """Run `part` (equal signatures) as one batch of `size` rows. If the streams all sit in
         one resident batch of that size, run it in place (streams of it not in `part` are written
         back to their slots first and their rows become padding); otherwise write any resident
@@ -574,7 +617,7 @@ class StreamServer:
         else:
             slots = [s.slot for s, _ in part] + [s0.slot] * (size - n)
             state = self.pool.gather(slots, s0.lengths, s0.prompt_frames, gens)
-        pcm = self.driver.step(state, tokens, last=r0.last)
+        pcm = driver.step(state, tokens, last=r0.last)
         lengths = self.pool.lengths(state)
         pcm = pcm[row_of].float().cpu()
         with self._cv:
@@ -601,10 +644,20 @@ class StreamServer:
 
     def _trim_residents(self) -> None:
         """Resident batches hold device memory beside the slots: at most max_streams + max_batch
-        rows in all; the oldest are written back to their slots first (under the lock)."""
-        while sum(len(R.rows) for R in self._residents) > self.max_streams + self.max_batch:
-            for s in [o for o in self._residents[0].rows if o is not None]:
+        rows in all; the oldest are written back to their slots first (under the lock). A batch
+        running in another lane is left alone: its rows are about to change."""
+        rows = sum(len(R.rows) for R in self._residents)
+        for R in [R for R in self._residents if not any(s is not None and s.busy for s in R.rows)]:
+            if rows <= self.max_streams + self.max_batch:
+                break
+            rows -= len(R.rows)
+            for s in [o for o in R.rows if o is not None]:
                 self._leave(s, flush=True)
+
+
+def _own_stream(device: torch.device):
+    """A CUDA stream for the calling worker thread (a context); nothing on the CPU."""
+    return torch.cuda.stream(torch.cuda.Stream(device)) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def voice_digest(tokens: torch.Tensor, mel: torch.Tensor, spk: torch.Tensor) -> bytes:

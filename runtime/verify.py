@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
 import tempfile
 from pathlib import Path
 
@@ -50,14 +49,6 @@ def weights_layout(unit: torch.nn.Module) -> dict[str, list[int]]:
     return {fqn: list(t.stride()) for fqn, t in unit_weights(unit).items() if not t.is_contiguous()}
 
 
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
-
-
 @contextlib.contextmanager
 def gpu_turn(device: torch.device):
     """Processes verifying on the same GPU take turns (an exclusive lock file per device), and
@@ -89,8 +80,9 @@ def check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devic
     """Load the entry's artifact, run it on fresh random inputs, compare every output with eager
     (the key's `unit` module, built here if not given).
 
-    Sets entry.parity, entry.device_bytes / memory_kind and entry.status (built or failed).
-    On CUDA it waits for its turn on the device (`gpu_turn`).
+    Sets entry.parity and entry.status (built or failed). On CUDA it waits for its turn on the
+    device (`gpu_turn`). What the engine costs in memory is measured elsewhere, with the other
+    engines of its directory loaded (runtime.memory, docs/budget.md).
     """
     with gpu_turn(device):
         return _check_entry(model, backend, out_dir, entry, device, unit)
@@ -100,22 +92,10 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
     key = entry_key(entry)
     spec = SPECS[key.component]
     unit = (unit if unit is not None else spec.build(model, key)).eval()
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        base = _rss_bytes()
     engine = backend.load(artifact_info(out_dir, entry, model.cfg), unit_weights(unit), device)
     try:
         inputs = spec.example_inputs(model.cfg, key, torch.Generator().manual_seed(VERIFY_SEED), device=device)
         got = engine.run(inputs)
-        if cuda:
-            torch.cuda.synchronize(device)
-            entry.device_bytes, entry.memory_kind = torch.cuda.max_memory_allocated(device) - base, "cuda"
-        else:
-            entry.device_bytes, entry.memory_kind = max(0, _rss_bytes() - base), "host_rss"
         with torch.inference_mode():
             want = list(unit(*inputs))
     finally:

@@ -2,7 +2,8 @@
 # The serving benchmark on the H200, in two device calls chained while the machine is warm:
 #   1. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh export   (build h200_serve.yaml in SHARDS shards)
 #   2. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh bench    (c2w bench --serve: 28 and 78 tokens, one
-#      shared voice; SDET=<seconds> adds determinism.py)
+#      shared voice; LANES="1 2" runs both with one and with two chunk lanes; SDET=<seconds> adds
+#      determinism.py)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -12,14 +13,26 @@ case "${1:-}" in
       bash benchmarks/h200/run.sh ;;
   bench)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
-    timeout ${S28:-200} python3 cli.py bench /tmp/art/all --serve --concurrency ${N28:-1,2,4,8,16,32,64} \
-      --chunk-tokens 28 --steady-chunks 8 --out "$OUT/serve28.json" 2>&1 | grep -v Warning | tail -30
-    timeout ${S78:-200} python3 cli.py bench /tmp/art/all --serve --concurrency ${N78:-1,8,32,64} \
-      --chunk-tokens 78 --steady-chunks 10 --out "$OUT/serve78.json" 2>&1 | grep -v Warning | tail -30
+    # OVERLAP=<seconds>: first, how two engine calls overlap when two lanes run them (overlap.py)
+    [ "${OVERLAP:-0}" != 0 ] && timeout $OVERLAP python3 benchmarks/serving/overlap.py /tmp/art/all \
+      --out "$OUT/overlap.json" 2>&1 | grep -v Warning | tail -8
+    for L in ${LANES:-1}; do       # LANES="1 2": each level with one and with two chunk lanes
+      sfx=$([ "$L" = 1 ] && echo "" || echo "_lanes$L")
+      timeout ${S28:-200} python3 cli.py bench /tmp/art/all --serve --lanes $L --concurrency ${N28:-1,2,4,8,16,32,64} \
+        --chunk-tokens 28 --steady-chunks 8 --out "$OUT/serve28$sfx.json" 2>&1 | grep -v Warning | tail -30
+      # PACED=<tokens/s>: the same with clients paced like an LLM yielding that many tokens per second
+      [ "${PACED:-0}" != 0 ] && timeout ${S28:-200} python3 cli.py bench /tmp/art/all --serve --lanes $L \
+        --concurrency ${N28:-1,2,4,8,16,32,64} --chunk-tokens 28 --steady-chunks 8 --token-rate $PACED \
+        --out "$OUT/serve28_paced$sfx.json" 2>&1 | grep -v Warning | tail -30
+      timeout ${S78:-200} python3 cli.py bench /tmp/art/all --serve --lanes $L --concurrency ${N78:-1,8,32,64} \
+        --chunk-tokens 78 --steady-chunks 10 --out "$OUT/serve78$sfx.json" 2>&1 | grep -v Warning | tail -30
+    done
     # streams sharing one voice (a deployment's default speaker): set-ups come from the voice cache
     [ "${SV:-120}" != 0 ] && timeout ${SV:-120} python3 cli.py bench /tmp/art/all --serve --concurrency ${NV:-1,8,32} \
       --chunk-tokens 28 --steady-chunks 8 --voices 1 --out "$OUT/serve28_voice.json" 2>&1 | grep -v Warning | tail -20
     [ "${SDET:-0}" != 0 ] && timeout $SDET python3 benchmarks/serving/determinism.py /tmp/art/all --out "$OUT/determinism.json" 2>&1 | tail -12
+    # the device tool returns a limited number of files: the markdown tables go in one archive
+    (cd "$OUT" && tar czf tables.tgz *.md && rm -f *.md)
     true ;;
   *) echo "usage: run.sh export|bench" >&2; exit 2 ;;
 esac

@@ -25,6 +25,7 @@ import torch
 import exporter.backends.tensorrt as tensorrt_builder
 import exporter.backends.tensorrt_plan as tensorrt_plan
 import exporter.export as ex
+import runtime.memory
 from exporter.backends import get_builder
 from exporter.export import ExportInterrupted, artifact_groups, export_profile
 from exporter.plan import make_plan, precision_weights
@@ -32,7 +33,7 @@ from runtime.engines.base import Engine
 from runtime.engines.tensorrt import TensorRTBackend
 from runtime.manifest import read_manifest
 from runtime.model.weights import load_model
-from tests.conftest import small_profile
+from tests.conftest import EstimatedMemory, small_profile
 from tests.exporter.test_trt_graphs import assert_clean_variant_graph
 
 VERSION = "10.12.0"
@@ -119,6 +120,9 @@ def fake_tensorrt(monkeypatch, graph_export):
         return _OnnxStandIn(info, (_group(info.path), info.extra["profile_index"]) in faults["wrong"])
     monkeypatch.setattr(tensorrt_plan, "build_engine_from_onnx", build)
     monkeypatch.setattr(TensorRTBackend, "load", load)
+    # what TensorRT holds is not measured here: each key costs its estimate (a stand-in engine
+    # in another process would not exist there)
+    monkeypatch.setattr(runtime.memory, "MeasureProcess", EstimatedMemory)
     return faults
 
 

@@ -1,0 +1,249 @@
+"""The budget holds by measurement: export keeps what the measured bytes allow, resume keeps it,
+merge and verify enforce the whole, report shows where it goes (docs/budget.md).
+
+Cheap on 2 cores: the directories start from the encoder and HiFT keys of small_profile() that
+command 1 built (tests/conftest.py seed_artifacts); the CFM keys never fit these budgets and are
+never built. Memory is host RSS measured in fresh processes; budgets are chosen from a first
+measurement with several MiB between what fits and what does not, against the 0.1-0.3 % the
+measurement varies by (docs/budget.md).
+"""
+import dataclasses
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+import exporter.export as ex
+from cli import app
+from exporter.budget import MEASURE_TOLERANCE, Ledger, recorded_ledger
+from exporter.export import export_profile
+from exporter.plan import make_plan, precision_weights
+from exporter.report import render, summary
+from runtime.manifest import Entry, Manifest, read_manifest
+from runtime.memory import MeasureError, MeasureProcess, measure_directory, summarize
+from runtime.model.weights import load_model
+from tests.conftest import EXPORTED, EstimatedMemory, seed_artifacts, small_profile
+
+runner = CliRunner()
+MiB = 2**20
+# small_profile()'s keys without the CFM, in plan order (priority steady > first)
+ENC150, ENC200, HIFT58 = ("flow_encoder-B1-N28-C150-last0-float32", "flow_encoder-B1-N28-C200-last0-float32",
+                          "hift-B1-F58-S3840-float32")
+ENC100, HIFT50 = "flow_encoder-B1-N28-C100-last0-float32", "hift-B1-F50-S0-float32"
+SMALL = [ENC150, ENC200, HIFT58, ENC100, HIFT50]
+
+
+def _profile(budget: int):
+    return dataclasses.replace(small_profile(), budget_bytes=int(budget))
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """The five encoder and HiFT keys exported with room for all of them (90 MiB; the CFM's 58 MiB
+    of weights and 48-95 MiB estimates never fit): their measured bytes."""
+    out = tmp_path_factory.mktemp("budget") / "all"
+    model = load_model("random:tiny")
+    planned = {e.key.id for e in make_plan(model.cfg, small_profile(), precision_weights(model, small_profile())).entries}
+    seed_artifacts(EXPORTED, out, planned & set(SMALL))
+    res = export_profile(_profile(90 * MiB), out)
+    m = read_manifest(out)
+    status = {e.id: e.status for e in m.entries}
+    assert [k for k in status if status[k] == "built"] == SMALL, status
+    assert {status[k] for k in status if k.startswith("cfm")} == {"skipped_budget"}
+    assert res.failed == 0 and res.over_budget == 0
+    return out, m
+
+
+def _copy(measured, tmp_path):
+    shutil.copytree(measured[0], tmp_path / "d")
+    return tmp_path / "d"
+
+
+def _fixed(m: Manifest, comp: str) -> int:
+    return m.weight_bytes[comp] + m.engine_shared_bytes[comp]
+
+
+def _partial_budget(m: Manifest) -> int:
+    """Room for both steady encoder keys, then a gap that the first-chunk encoder key fits with
+    half the gap to spare, and that neither HiFT key (with HiFT's weights and engine state) fits."""
+    own = {e.id: e.device_bytes for e in m.entries}
+    gap = (own[ENC100] + _fixed(m, "hift") + min(own[HIFT58], own[HIFT50])) // 2
+    assert gap - own[ENC100] > 3 * MiB and _fixed(m, "hift") + min(own[HIFT58], own[HIFT50]) - gap > 3 * MiB
+    return _fixed(m, "flow_encoder") + own[ENC150] + own[ENC200] + gap
+
+
+def _greedy(m: Manifest) -> dict[str, str]:
+    """What the recorded bytes allow, walking the plan order: kept while the running total fits."""
+    total, in_use, out = 0, set(), {}
+    for e in m.entries:
+        if e.device_bytes is None:
+            continue
+        cost = e.device_bytes + (0 if e.component in in_use else _fixed(m, e.component))
+        if total + cost <= m.budget_bytes:
+            total, out[e.id] = total + cost, "built"
+            in_use.add(e.component)
+        else:
+            out[e.id] = "over_budget"
+    return out
+
+
+def test_a_partial_budget_keeps_what_the_measurement_allows_and_resume_keeps_it(measured, tmp_path, monkeypatch):
+    d, budget = _copy(measured, tmp_path), _partial_budget(measured[1])
+    res = export_profile(_profile(budget), d)
+    m = read_manifest(d)
+    status = {e.id: e.status for e in m.entries}
+    assert [k for k in SMALL if status[k] == "built"] == [ENC150, ENC200, ENC100]
+    assert [k for k in SMALL if status[k] == "over_budget"] == [HIFT58, HIFT50]      # tried after the gap too
+    assert (res.built, res.reused, res.over_budget, res.failed) == (0, 3, 2, 0)
+    assert _greedy(m) == {k: status[k] for k in SMALL}
+    for e in m.entries:
+        if e.status == "over_budget":       # its artifact removed, its measurement and the reason kept
+            assert e.artifact is None and e.device_bytes > 0 and "over budget" in e.error
+    assert not (d / "onnxruntime" / f"{HIFT58}.onnx").exists() and (d / "onnxruntime" / f"{ENC100}.onnx").exists()
+    # the directory measured together in a fresh process, and its parts adding up to it exactly
+    total = m.measured["total_bytes"]
+    assert total <= budget and m.measured["keys"] == 3
+    ledger, unmeasured = recorded_ledger(m)
+    assert ledger.total() == total and not unmeasured
+    # measured again: within the stated tolerance of the record, under the budget by it
+    again = measure_directory(d, m, "cpu")["total_bytes"]
+    assert abs(again - total) <= MEASURE_TOLERANCE * total and again <= budget * (1 + MEASURE_TOLERANCE)
+
+    # resume: the same keys, nothing built (the HiFT keys' recorded bytes still do not fit)
+    monkeypatch.setattr(ex, "_build_group", lambda *a: pytest.fail("a resumed export rebuilt a key"))
+    res = export_profile(_profile(budget), d)
+    assert (res.built, res.reused, res.over_budget, res.failed) == (0, 3, 2, 0)
+    assert {e.id: e.status for e in read_manifest(d).entries} == status
+
+
+def test_a_built_key_that_does_not_fit_is_not_kept(measured, tmp_path):
+    """The first-chunk encoder key is built afresh: its estimate fits the room left, its
+    measurement does not; it is over budget and its artifact is gone."""
+    d, m0 = _copy(measured, tmp_path), measured[1]
+    own = {e.id: e.device_bytes for e in m0.entries}
+    est = {e.id: e.est_bytes for e in m0.entries}
+    room = (est[ENC100] + own[ENC100]) // 2
+    assert room - est[ENC100] > 2 * MiB and own[ENC100] - room > 2 * MiB
+    (d / "onnxruntime" / f"{ENC100}.onnx").unlink()
+    res = export_profile(_profile(_fixed(m0, "flow_encoder") + own[ENC150] + own[ENC200] + room), d)
+    m = read_manifest(d)
+    e = m.by_id()[ENC100]
+    assert e.status == "over_budget" and e.parity["passed"] and e.device_bytes > room, (e.status, e.error)
+    assert e.artifact is None and not (d / "onnxruntime" / f"{ENC100}.onnx").exists()
+    assert (res.built, res.reused, res.over_budget) == (0, 2, 3)
+    assert m.measured["total_bytes"] <= m.budget_bytes
+
+
+def test_verify_and_report_flag_a_manifest_edited_over_its_budget(measured, tmp_path):
+    d = _copy(measured, tmp_path)
+    path = d / "manifest.json"
+    good = json.loads(path.read_text())
+    total = good["measured"]["total_bytes"]
+    assert "OVER BUDGET" not in render(read_manifest(d))
+
+    path.write_text(json.dumps({**good, "budget_bytes": total - 4 * MiB}))
+    result = runner.invoke(app, ["verify", str(d)])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "FAIL over budget: the keys as the manifest records them add up to" in out
+    assert "FAIL over budget: the directory measured in a fresh process" in out
+    assert "4.0 MiB over" in out and "Re-run c2w export into this directory" in out
+    assert "OVER BUDGET" in render(read_manifest(d)) and "**OVER BUDGET" in render(read_manifest(d), "markdown")
+
+    # one key's recorded bytes edited up: the recorded check catches it (report, no measuring needed)
+    edited = json.loads(json.dumps(good))
+    next(e for e in edited["entries"] if e["id"] == HIFT50)["device_bytes"] += 20 * MiB
+    path.write_text(json.dumps(edited))
+    s = summary(read_manifest(d))
+    assert s["over_budget"] and s["total_bytes"] == total + 20 * MiB > s["budget_bytes"]
+
+
+def test_merge_holds_the_budget_of_the_whole_and_verify_measures_it(measured, tmp_path):
+    """Two shards, each within the budget alone (encoder keys / HiFT keys); merged, the plan order
+    keeps what fits the whole and leaves the rest uncopied; verify measures it in a fresh process."""
+    src, m0 = measured
+    budget = _partial_budget(m0)
+
+    def shard(name, comp):
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        d = json.loads((dst / "manifest.json").read_text())
+        d["budget_bytes"] = budget
+        for e in d["entries"]:
+            if e["status"] == "built" and e["component"] != comp:
+                (dst / e["artifact"]).unlink()
+                e.update(status="pending", artifact=None, artifact_bytes=0, artifact_sha256="", parity={})
+        (dst / "manifest.json").write_text(json.dumps(d))
+        assert recorded_ledger(read_manifest(dst))[0].total() <= budget          # this shard alone fits
+        return dst
+    result = runner.invoke(app, ["merge", str(tmp_path / "all"), str(shard("s1", "flow_encoder")),
+                                 str(shard("s2", "hift"))])
+    assert result.exit_code == 0 and "2 keys over the budget of the whole" in result.output, result.output
+    m = read_manifest(tmp_path / "all")
+    status = {e.id: e.status for e in m.entries}
+    assert [k for k in SMALL if status[k] == "built"] == [ENC150, ENC200, ENC100]
+    assert [k for k in SMALL if status[k] == "over_budget"] == [HIFT58, HIFT50]
+    assert not list((tmp_path / "all" / "onnxruntime").glob("hift*")) and m.measured == {}
+    assert "has not been measured together" in render(m)
+    result = runner.invoke(app, ["verify", str(tmp_path / "all")])
+    assert result.exit_code == 0 and "budget: measured together in a fresh process" in result.output, result.output
+
+
+def test_a_key_whose_measurement_fails_is_failed_and_the_export_exits_1(measured, tmp_path, monkeypatch):
+    import runtime.memory
+
+    class FailsOnHift(EstimatedMemory):
+        def add(self, entry):
+            if entry.id == HIFT58:
+                raise runtime.memory.MeasureError("the engine's load crashed (stand-in)")
+            return {"bytes": entry.device_bytes or 0, "shared": {}}
+    monkeypatch.setattr(runtime.memory, "MeasureProcess", FailsOnHift)
+    d = _copy(measured, tmp_path)
+    res = export_profile(_profile(90 * MiB), d)
+    e = read_manifest(d).by_id()[HIFT58]
+    assert e.status == "failed" and "measuring its memory failed: the engine's load crashed" in e.error
+    assert (res.reused, res.failed, res.exit_code) == (4, 1, 1)
+
+
+def test_the_measurement_process_reports_its_own_failure(measured):
+    bad = dataclasses.replace(measured[1], model={**measured[1].model, "spec": "random:nope"})
+    with pytest.raises(MeasureError, match="model preset: received .nope."):
+        MeasureProcess(measured[0], bad, "cpu")
+
+
+# ---------------------------------------------------------------------------------- arithmetic
+
+def _entry(key_id, comp, nbytes, status="built"):
+    return Entry(id=key_id, component=comp, dims={"B": 1}, dtype="float32", category="steady", status=status,
+                 device_bytes=nbytes)
+
+
+def test_ledger_counts_weights_and_engine_state_once_per_component():
+    led = Ledger(budget=100, weight_bytes={"a": 30, "b": 5}, shared={"a": 10})
+    assert led.cost("a", 20) == 60 and led.fits("a", 60) and not led.fits("a", 61)    # equal to the budget fits
+    led.keep(_entry("a1", "a", 20))
+    assert led.total() == 60 and led.cost("a", 20) == 20 and led.cost("b", 1) == 6
+    led.keep(_entry("a2", "a", 20))
+    assert led.total() == 80 and not led.fits("b", 16) and led.fits("b", 15)
+    assert "its 0.0 MiB + 0.0 MiB of b weights and engine state" in led.over_budget_reason(_entry("b1", "b", 16))
+
+
+def test_summarize_adds_up_in_load_order():
+    loads = [(_entry("a1", "a", 0), {"bytes": 7, "shared": {"a": 3}}), (_entry("b1", "b", 0), {"bytes": 2, "shared": {}}),
+             (_entry("a2", "a", 0), {"bytes": 5, "shared": {}})]
+    s = summarize({"a": 100, "b": 10}, loads)
+    assert s["per_key"] == [["a1", 7, 110], ["b1", 2, 122], ["a2", 5, 127]]
+    assert (s["total_bytes"], s["weight_bytes"], s["key_bytes"], s["engine_shared_bytes"]) == (127, 110, 14, {"a": 3, "b": 0})
+
+
+def test_a_version_1_manifest_is_read_with_its_peak_numbers_dropped(measured, tmp_path):
+    d = _copy(measured, tmp_path)
+    v1 = json.loads((d / "manifest.json").read_text())
+    v1["format_version"] = 1
+    for k in ("engine_shared_bytes", "measured"):
+        del v1[k]
+    (d / "manifest.json").write_text(json.dumps(v1))
+    m = read_manifest(d)
+    assert m.format_version == 2 and all(e.device_bytes is None for e in m.entries)
+    assert recorded_ledger(m)[1] == SMALL and "5 built keys have no measurement" in render(m)
