@@ -345,10 +345,14 @@ def test_verification_inputs_keep_tf32_noise_within_the_engine_tolerance(monkeyp
     HiFT's speech on the verification inputs must move by less than the engine tolerance, first
     AND steady chunk. A source cache drawn at 10x a real source's scale made the steady chunk
     move by 2.5e-2 (and fail closed on the H200); at the real scale it moves by ~3.4e-3."""
-    from runtime.model.weights import load_model
+    import types
+
+    from runtime.model.weights import init_random_
     from runtime.units import SOURCE_STD, SPECS, ShapeKey, rel_l2
     from runtime.verify import VERIFY_SEED
-    model = load_model("random:full")
+    hift = HiftVocoder(FULL.hift)
+    init_random_(hift, 1)                  # random:full's HiFT (load_model seeds it with the seed + 1)
+    model = types.SimpleNamespace(cfg=FULL, hift=hift.eval())       # what the HiFT unit reads
     spec = SPECS["hift"]
     errs = {}
     for dims in ((1, 50, 0), (1, 58, 3840)):
