@@ -15,7 +15,12 @@ on the set-up keys' engines in a chunk lane, or eagerly in a lane of their own s
 stream never holds up the others; a prompt set up before (a voice) is copied, not set up again.
 Stream state lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
 
-Policies: groups are taken oldest-first (FIFO), so none starves. A group runs at once when it
+Policies: groups are taken earliest deadline first. A stream's deadline is when its listener
+runs out of audio: for its set-up and first chunk, the moment they were asked for (nothing plays
+yet, so time to first audio is all that counts); for a later chunk, the moment its first audio was
+delivered plus the seconds of audio delivered since (playback assumed to start on delivery). A
+stream far ahead of its listener thus lets a new stream's first chunk pass, and none starves: a
+deadline is fixed once set, and every later request gets a later one. A group runs at once when it
 fills the largest batch the artifact directory has an engine for; a partial group waits only for
 streams that could join it: idle streams at the same position whose last result came within a
 merge window (in lockstep serving they are about to submit again; the window is `max_wait_ms` or
@@ -128,11 +133,20 @@ class _Stream:
     closed: bool = False
     error: BaseException | None = None
     idle_since: float = 0.0                      # when its last result was delivered
+    playback_start: float | None = None          # when its first audio was delivered
+    audio_s: float = 0.0                         # seconds of audio delivered
     resident: _Resident | None = None            # its state is a row there, not in its slot
     released: Future = field(default_factory=Future)    # resolves when the slot is free again
 
     def state_signature(self) -> tuple:
         return (self.prompt_frames,) + tuple(sorted(self.lengths.items()))
+
+    def deadline(self) -> float:
+        """When the listener of this stream runs out of audio, if its next request waits (the
+        module docstring); its queue must not be empty."""
+        if self.playback_start is None:
+            return self.queue[0].t_submit
+        return self.playback_start + self.audio_s
 
 
 @dataclass(frozen=True)
@@ -450,7 +464,7 @@ class StreamServer:
             r = s.queue[0]
             groups.setdefault(self._signature(s, r), []).append((s, r))
         timeout = None
-        for sig, rows in sorted(groups.items(), key=lambda kv: min(r.t_submit for _, r in kv[1])):
+        for sig, rows in sorted(groups.items(), key=lambda kv: min((s.deadline(), r.t_submit) for s, r in kv[1])):
             rows.sort(key=lambda sr: sr[1].t_submit)
             built = self._built_sizes(*rows[0])
             if rows[0][1].kind == "setup":     # set-ups never wait: a new stream's first audio does
@@ -630,8 +644,12 @@ class StreamServer:
                 self._residents.append(R)
                 for s, _ in part:
                     s.resident = R
+            done = time.monotonic()
             for s, r in part:
                 s.lengths, s.finished = lengths, r.last
+                if s.playback_start is None:
+                    s.playback_start = done
+                s.audio_s += pcm.shape[1] / self.driver.cfg.hift.sampling_rate
                 if r.last:
                     self._leave(s)
             self._trim_residents()

@@ -433,6 +433,38 @@ def test_a_lone_stream_does_not_wait_for_company(rt):
         assert srv.submit(h, s[3][0][0]).result(timeout=30).shape[0] > 0
 
 
+def test_a_new_streams_first_chunk_goes_before_chunks_of_streams_ahead_of_their_listeners(rt, monkeypatch):
+    """Earliest deadline first: stream A has a second of audio delivered and its next chunk queued;
+    stream B then opens and asks for its first chunk. B's set-up and first chunk run before A's
+    queued chunk (A's listener still has audio), although A asked first. FIFO would run A first."""
+    cfg = rt.model.cfg
+    a, b = make_stream(cfg, 900, 3), make_stream(cfg, 901, 1)
+    step, entered, gate, order = rt.driver.step, threading.Event(), threading.Event(), []
+
+    def gated_step(state, tokens, last=False):
+        if not gate.is_set():
+            entered.set()
+            gate.wait(60)
+        order.append(next(name for name, st in (("a", a), ("b", b)) if any(torch.equal(tokens[0], t) for t, _ in st[3])))
+        return step(state, tokens, last=last)
+
+    with rt.serve(max_streams=2, max_wait_ms=0) as srv:
+        ha = srv.open_stream(*a[:3])
+        first = srv.submit(ha, a[3][0][0]).result(timeout=60)
+        assert first.shape[0] / cfg.hift.sampling_rate > 0.5        # A's listener has audio to play
+        monkeypatch.setattr(rt.driver, "step", gated_step)
+        running = srv.submit(ha, a[3][1][0])                          # holds the lane at the gate
+        assert entered.wait(60)
+        queued = srv.submit(ha, a[3][2][0])                           # A asks first ...
+        hb = srv.open_stream(*b[:3])
+        b_first = srv.submit(hb, b[3][0][0])                          # ... then B, with nothing to play
+        gate.set()
+        for f in (running, queued, b_first):
+            f.result(timeout=60)
+    assert order == ["a", "b", "a"], order
+    assert srv.stats()["chunks"] == 4
+
+
 @pytest.mark.parametrize("n, built, want", [
     (1, [1, 3], [(1, 1)]),
     (2, [1, 3], [(3, 2)]),                  # pad one inert row rather than two calls
