@@ -278,7 +278,11 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
                                                      "traffic section (default: calibration.json beside --out)"),
           traffic: bool = typer.Option(False, "--traffic", help="one session of each kind in the profile's traffic "
                                        "mix: measured engine hit rate vs the planner's prediction (the --profile's "
-                                       "mix, else that of the profile the manifest names)")):
+                                       "mix, else that of the profile the manifest names)"),
+          cuda_graphs: Optional[bool] = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help="serve with engines "
+                                                     "captured in CUDA graphs or not, as runtime.load(cuda_graphs=) "
+                                                     "(default: the backend's; C2W_AOTI_CUDA_GRAPHS overrides it); "
+                                                     "each key is timed both ways regardless")):
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
     with --serve, concurrent streams through the stream server."""
     from exporter.bench import bench_dir, to_markdown, write, write_calibration
@@ -303,7 +307,8 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
         res = serve_bench.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
                                         steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
                                         max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate,
-                                        reps=reps, save=lambda r: write(r, json_out, serve_bench.to_markdown))
+                                        reps=reps, save=lambda r: write(r, json_out, serve_bench.to_markdown),
+                                        cuda_graphs=cuda_graphs)
         write(res, json_out, serve_bench.to_markdown)
         typer.echo(serve_bench.to_markdown(res))
         return
@@ -311,7 +316,7 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,
                     stream_batches=[int(b) for b in batches.split(",")] if batches else None, peer=peer,
                     out=json_out, stream_reps=stream_reps, traffic=_traffic_profile(out, profile) if traffic else None,
-                    **warm)
+                    cuda_graphs=cuda_graphs, **warm)
     write(res, json_out)
     typer.echo(to_markdown(res))
     calibration = calibration or json_out.with_name("calibration.json")

@@ -74,7 +74,8 @@ def fidelity(got: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def _commit() -> str:
-    """C2W_COMMIT if set (the device tool's copy of the tree carries stale git metadata), else git."""
+    """C2W_COMMIT if set (the device tool's copy of the tree carries stale git metadata), else git
+    (documented in docs/profiles.md with the other environment variables)."""
     if os.environ.get("C2W_COMMIT"):
         return os.environ["C2W_COMMIT"]
     try:
@@ -86,12 +87,16 @@ def _commit() -> str:
 
 def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list[str] | None = None,
               stream_batches: list[int] | None = None, peer: bool = True, out: Path | None = None,
-              stream_reps: int | None = None, stream_warmup: int = 2, traffic=None) -> dict:
+              stream_reps: int | None = None, stream_warmup: int = 2, traffic=None,
+              cuda_graphs: bool | None = None) -> dict:
     """The streaming rows, then every built key (or `keys`), then the peer. With `out`, the JSON
     and its markdown are rewritten after every streaming row and every key, so a run cut short by
     a time limit keeps what it measured. `reps` / `warmup`: per key; `stream_reps` (default
     max(5, reps // 2)) / `stream_warmup`: per streaming chunk. traffic: a profile with a traffic
-    section: its sessions' measured engine hit rate against the prediction (bench_traffic)."""
+    section: its sessions' measured engine hit rate against the prediction (bench_traffic).
+    cuda_graphs: the loading option the runtime serves with (runtime.load): which variant counts as
+    served per key, and how the streaming and traffic rows load engines. Each key is timed with and
+    without graphs either way."""
     manifest = read_manifest(artifact_dir)
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
     torch.backends.cuda.matmul.allow_tf32 = bool(manifest.precision.get("tf32"))
@@ -107,9 +112,10 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     save = (lambda: write(res, out)) if out is not None else (lambda: None)
     stream_reps = max(5, reps // 2) if stream_reps is None else stream_reps
     bench_stream(model, artifact_dir, manifest, device, stream_batches, reps=stream_reps, warmup=stream_warmup,
-                 model32=eager32.model if eager32 is not None else None, rows=res["stream"], save=save)
+                 model32=eager32.model if eager32 is not None else None, rows=res["stream"], save=save,
+                 cuda_graphs=cuda_graphs)
     built = [e for e in manifest.entries if e.status == "built" and (not keys or e.id in keys)]
-    policy = get_backend(manifest.backend["name"])       # the graph policy the runtime serves with
+    policy = get_backend(manifest.backend["name"], cuda_graphs=cuda_graphs)   # the graph policy served with
     for e in built:
         key = entry_key(e)
         spec = SPECS[key.component]
@@ -166,7 +172,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
               f"{served if served is None else round(served, 3)} ms ({row['served_variant']}), best "
               f"{best if best is None else round(best, 3)} ms", flush=True)
     if traffic is not None:
-        res["traffic"] = bench_traffic(artifact_dir, traffic, model)
+        res["traffic"] = bench_traffic(artifact_dir, traffic, model, cuda_graphs=cuda_graphs)
         save()
     res["omitted"] = omitted_sections(device, peer, reduced)
     if peer and device.type == "cuda":
@@ -254,7 +260,8 @@ def _served(cache) -> tuple[int, int]:
 
 
 def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, model32=None,
-                 rows: list | None = None, save=lambda: None, warmup: int = 2) -> list[dict]:
+                 rows: list | None = None, save=lambda: None, warmup: int = 2,
+                 cuda_graphs: bool | None = None) -> list[dict]:
     """Per batch size and chunk size: the first chunk and a steady chunk, eager vs engines, with
     how many unit calls of the engine row an engine served (the rest fell back to eager); on GPU
     also the memory the engines add at load and a B=1 session's audio SNR against float32."""
@@ -263,14 +270,15 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
     trim = sched.get("trim_conformer", True)
     rows = [] if rows is None else rows
     if device.type == "cuda":
-        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device), model, device)
+        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs),
+                                 model, device)
         mem["budget_bytes"] = manifest.budget_bytes
         added = max(mem["added_bytes"], mem["added_device_bytes"])
         mem["within_budget"] = sum(mem["weights_bytes"].values()) + added <= manifest.budget_bytes
         rows.append({"memory": mem})
         save()
     else:
-        cache = EngineCache(artifact_dir, model, device)
+        cache = EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs)
     for B in batches or sched.get("batch_sizes", [1]):
         for N in chunk_sizes(manifest, B):
             try:
@@ -495,7 +503,7 @@ def write(res: dict, out: Path, render=None) -> None:
         atomic_write(path, text)
 
 
-def bench_traffic(artifact_dir: Path, profile, model=None) -> dict:
+def bench_traffic(artifact_dir: Path, profile, model=None, cuda_graphs: bool | None = None) -> dict:
     """One session of every kind in `profile`'s traffic mix (exporter.traffic: batch size x chunk
     size x number of chunks x final-chunk size) through the streaming driver and this directory's
     engine cache: the share of unit calls an engine served, weighted by each kind's share, next
@@ -512,7 +520,7 @@ def bench_traffic(artifact_dir: Path, profile, model=None) -> dict:
     if model is None:
         model = load_model(manifest.model["spec"])
         model.to(device, {c: dtype_of(manifest.precision[c]) for c in SPECS})
-    cache = EngineCache(artifact_dir, model, device)
+    cache = EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs)
     tr, P, trim = profile.traffic, profile.schedule.prompt_frames, profile.schedule.trim_conformer
     calls, total = session_calls(model.cfg, profile)
     built = {entry_key(e) for e in manifest.entries if e.status == "built"}

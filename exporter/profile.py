@@ -64,6 +64,20 @@ EAGER_TFLOPS = {"cpu": 0.02, "cuda": 20.0}           # the timing model's eager 
 
 
 @dataclass(frozen=True)
+class AOTISettings:
+    """Build settings of the AOTInductor backend, used when `backend` is aoti (docs/aoti.md). The
+    environment variable named beside each field overrides it when set (exporter/backends/aoti.py)."""
+    # Inductor configs added to every build, (name, value) sorted by name; C2W_AOTI_INDUCTOR overrides
+    inductor_options: tuple[tuple[str, object], ...] = ()
+    # the C++ compiler; None: the first g++ on PATH, never $CXX; C2W_AOTI_CXX overrides
+    cxx: str | None = None
+
+    @property
+    def inductor(self) -> dict:
+        return dict(self.inductor_options)
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     model: str = "random:tiny"
@@ -76,6 +90,7 @@ class Profile:
     priority: tuple[str, ...] = ("steady", "first", "setup", "tail", "extra")
     workspace_bytes: int = 1 << 30           # TensorRT builder workspace limit
     traffic: Traffic | None = None           # None: the budget follows `priority`
+    aoti: AOTISettings = field(default_factory=AOTISettings)
     source: str = ""                         # file it was read from
     digest: str = ""                         # sha256 of the file's canonical content
 
@@ -214,6 +229,8 @@ def parse_profile(data: dict, source: str = "<dict>") -> Profile:
 
     if "traffic" in d:
         kw["traffic"] = _parse_traffic(d["traffic"], kw["schedule"], source, w)
+    if "aoti" in d:
+        kw["aoti"] = _parse_aoti(d["aoti"], w)
 
     canon = yaml.safe_dump(data, sort_keys=True).encode()
     return Profile(source=source, digest=hashlib.sha256(canon).hexdigest()[:16], **kw)
@@ -276,6 +293,39 @@ def _parse_traffic(t, schedule: Schedule, source: str, w) -> Traffic:
                                "Run c2w bench on built artifacts, or remove the key to use the timing model.")
         kw["calibration"] = os.path.normpath(path)
     return Traffic(**kw)
+
+
+def _parse_aoti(a, w) -> AOTISettings:
+    a = _check_keys(w("aoti"), a, {f.name for f in dataclasses.fields(AOTISettings)})
+    kw = {}
+    if "inductor_options" in a:
+        kw["inductor_options"] = check_inductor_options(w("aoti.inductor_options"), a["inductor_options"])
+    if "cxx" in a:
+        cxx = _typed(w("aoti.cxx"), a["cxx"], str)
+        if not cxx.strip():
+            raise C2WUserError(w("aoti.cxx"), repr(cxx), "a compiler name or path such as /usr/bin/g++",
+                               "Remove the key (or set it to null) for the first g++ on PATH.")
+        kw["cxx"] = cxx
+    return AOTISettings(**kw)
+
+
+INDUCTOR_EXAMPLE = '{combo_kernels: true}'
+
+
+def check_inductor_options(where: str, v) -> tuple[tuple[str, object], ...]:
+    """A mapping of Inductor config names to values -> sorted (name, value) pairs. Whether the names
+    exist in the installed torch is checked when the AOTI builder starts (exporter/backends/aoti.py)."""
+    if not isinstance(v, dict):
+        raise C2WUserError(where, f"{type(v).__name__} {v!r}",
+                           f"a mapping of Inductor config names to values, e.g. {INDUCTOR_EXAMPLE}")
+    bad = [k for k in v if not isinstance(k, str) or not k]
+    if bad:
+        raise C2WUserError(where, f"names {bad!r}", "Inductor config names (strings) such as combo_kernels")
+    unset = sorted(k for k, x in v.items() if x is None)
+    if unset:
+        raise C2WUserError(where, f"null for {unset}", "a value for every name",
+                           "Leave a name out to keep Inductor's default.")
+    return tuple(sorted(v.items()))
 
 
 def resolve_profile_path(name: str | Path) -> Path:

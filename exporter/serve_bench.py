@@ -192,10 +192,10 @@ def solo_check(rt, ins, served) -> dict:
 def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: int = 28, steady_chunks: int = 8,
                   stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0, voices: int = 0,
                   lanes: int = 1, token_rate: float = 0.0, check_streams: int = 2, reps: int = 10, seed: int = 0,
-                  save=lambda res: None) -> dict:
+                  save=lambda res: None, cuda_graphs: bool | None = None) -> dict:
     import runtime
     from exporter.bench import _commit
-    rt = runtime.load(artifact_dir)
+    rt = runtime.load(artifact_dir, cuda_graphs=cuda_graphs)
     P = int(rt.schedule.get("prompt_frames", 300))
     dev = rt.driver._device()
     res = {"artifact_dir": str(artifact_dir), "commit": _commit(), "torch": torch.__version__,

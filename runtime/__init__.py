@@ -56,7 +56,7 @@ class Runtime:
 
 
 def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: str | None = None,
-         *, lazy: bool | None = None, trim_conformer: bool | None = None) -> Runtime:
+         *, lazy: bool | None = None, trim_conformer: bool | None = None, cuda_graphs: bool | None = None) -> Runtime:
     """Load an artifact directory for serving.
 
     model: a model spec (checkpoint dir or 'random:...') or an already built Code2Wav; default:
@@ -66,6 +66,9 @@ def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: 
     served eagerly (warning).
     lazy: load engines on first use (default on CPU) or all at once (default on CUDA, where a
     CUDA-graph capture during serving would collide with other threads' kernels).
+    cuda_graphs: capture engines in CUDA graphs at load (CUDA only). None: the backend's default
+    (AOTInductor: on for engines whose graph inputs fit GRAPH_MAX_BYTES; TensorRT: off; ONNX Runtime
+    never captures). C2W_AOTI_CUDA_GRAPHS=0|1, when set, overrides it for AOTInductor.
     """
     artifact_dir = Path(artifact_dir)
     try:
@@ -94,5 +97,5 @@ def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: 
         lazy = torch.device(device).type != "cuda"
     if trim_conformer is None:
         trim_conformer = bool(manifest.schedule.get("trim_conformer", True)) if readable else True
-    cache = EngineCache(artifact_dir, model, device, lazy=lazy, manifest=manifest)
+    cache = EngineCache(artifact_dir, model, device, lazy=lazy, manifest=manifest, cuda_graphs=cuda_graphs)
     return Runtime(model, cache, trim_conformer=trim_conformer, schedule=manifest.schedule if readable else {})

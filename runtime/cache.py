@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from runtime.engines import get_backend
+from runtime.engines.aoti import cuda_graphs_setting
 from runtime.errors import C2WUserError
 from runtime.manifest import Entry, Manifest, Status, file_sha256, read_manifest
 from runtime.units import DTYPE_NAMES, SPECS, EagerRunner, ShapeKey
@@ -41,9 +42,12 @@ def manifest_mismatch(manifest: Manifest, model, backend_version: str | None, de
 
 class EngineCache:
     def __init__(self, artifact_dir: str | Path, model, device: torch.device | str = "cpu", *, lazy: bool = True,
-                 manifest: Manifest | C2WUserError | None = None):
+                 manifest: Manifest | C2WUserError | None = None, cuda_graphs: bool | None = None):
         """manifest: the directory's manifest already read, or the error reading it gave (then
-        everything is served eagerly); None: read it here."""
+        everything is served eagerly); None: read it here. cuda_graphs: capture engines in CUDA
+        graphs at load (None: the backend's default; runtime.engines.get_backend)."""
+        cuda_graphs_setting(cuda_graphs)   # a malformed C2W_AOTI_CUDA_GRAPHS is an error, not an eager cache
+        self.cuda_graphs = cuda_graphs
         self.dir = Path(artifact_dir)
         self.model = model
         self.device = torch.device(device)
@@ -78,7 +82,7 @@ class EngineCache:
         twin._engines, twin._bad = {}, dict(self._bad)
         twin._locks, twin._load_lock = defaultdict(threading.Lock), threading.Lock()
         if self.backend is not None:
-            twin.backend = type(self.backend)()
+            twin.backend = get_backend(self.backend.name, cuda_graphs=self.cuda_graphs)
         if self.device.type == "cuda":
             for key in twin.keys:
                 twin.load(key)
@@ -98,7 +102,7 @@ class EngineCache:
         except C2WUserError as e:
             return self._disable(str(e))
         try:
-            self.backend = get_backend(manifest.backend["name"])
+            self.backend = get_backend(manifest.backend["name"], cuda_graphs=self.cuda_graphs)
             self.backend.require()
             version = self.backend.version()
         except C2WUserError as e:

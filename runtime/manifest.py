@@ -173,7 +173,7 @@ def entry_identity(*, model_digest: str, key_id: str, backend: str, backend_vers
                    torch_version: str, device: str, precision: dict, build_options: dict | None = None,
                    weights_layout: dict | None = None, artifact_keys: list[str] | None = None) -> str:
     """Canonical hash of everything that determines one artifact: equal identity => reusable.
-    `build_options` (a builder's settings such as C2W_AOTI_INDUCTOR's Inductor configs),
+    `build_options` (a builder's settings such as the AOTI builder's extra Inductor configs),
     `weights_layout` (strides of weights not stored contiguously, runtime.verify.weights_layout)
     and `artifact_keys` (the ids of the keys sharing one artifact, in its order: a TensorRT plan's
     profiles) count only when given."""

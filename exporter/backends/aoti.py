@@ -4,19 +4,25 @@ The CFM is built as ONE Euler step (t and dt are inputs); the runtime replays it
 CUDA from one graph per step (docs/aoti.md has the measurements behind that choice). The other
 units are built whole.
 
-C2W_AOTI_INDUCTOR (a JSON object of Inductor config names and values, e.g. '{"combo_kernels":
-true}') adds to the build's Inductor configs: for experiments (benchmarks/h200/cfm_profile.py);
-what was used is recorded in the manifest entry's extra.
+Settings (docs/aoti.md, "Settings"): the profile's `aoti` section, each field overridden by its
+environment variable when that is set (non-empty):
+- `aoti.inductor_options` / C2W_AOTI_INDUCTOR (a JSON object, e.g. '{"combo_kernels": true}'):
+  Inductor configs added to every build. They change the engine, so they join each entry's
+  identity (`AOTIBuilder.build_options`): an artifact built with other options is rebuilt.
+- `aoti.cxx` / C2W_AOTI_CXX: the C++ compiler. Default: the first `g++` on PATH, not $CXX.
 
 Compiler: the model `.so` must link libstdc++ DYNAMICALLY. A `.so` that carries its own static
 copy crashes or hangs at load, in the first locale call of the model constructor, once the
 process already holds the shared libstdc++ (benchmarks/aoti_repro). On the project's GPU image,
-$CXX points to a GCC tree that links it statically, so c2w compiles with `C2W_AOTI_CXX` if set,
-else the first `g++` on PATH, and checks every built package before accepting it.
+$CXX points to a GCC tree that links it statically, so c2w compiles with the first `g++` on PATH
+unless told otherwise, and checks every built package before accepting it. The compiler is
+recorded in each entry's extra, not in its identity: any compiler whose package passes that check
+and parity builds the same engine, and the default resolves to a different path per machine.
 """
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import os
 import shutil
@@ -26,6 +32,7 @@ from pathlib import Path
 import torch
 
 from exporter.backends.base import Builder, BuildJob
+from exporter.profile import check_inductor_options
 from runtime.atomic import atomic_output
 from runtime.errors import C2WUserError
 from runtime.units import CFMStepUnit, ShapeKey
@@ -35,32 +42,58 @@ INDUCTOR_CONFIGS = {
     # weights are bound at load from the runtime's single shared copy (user_managed=True)
     "aot_inductor.package_constants_in_so": False,
 }
+INDUCTOR_ENV = "C2W_AOTI_INDUCTOR"
+CXX_ENV = "C2W_AOTI_CXX"
 
 
-def inductor_overrides() -> dict:
-    """C2W_AOTI_INDUCTOR as a dict ({} when unset): Inductor configs added to every build."""
-    raw = os.environ.get("C2W_AOTI_INDUCTOR", "").strip()
-    if not raw:
-        return {}
-    try:
-        extra = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        extra = exc
-    if not isinstance(extra, dict):
-        raise C2WUserError("environment variable C2W_AOTI_INDUCTOR", repr(raw),
-                           "a JSON object of Inductor config names and values",
-                           "e.g. C2W_AOTI_INDUCTOR='{\"combo_kernels\": true}', or unset it")
-    fixed = sorted(set(extra) & {"aot_inductor.package_constants_in_so"})
+def inductor_overrides(configured: dict | None = None) -> dict:
+    """The Inductor configs added to every build: C2W_AOTI_INDUCTOR when set (a JSON object),
+    else `configured` (the profile's aoti.inductor_options), else {}. Checked against the configs
+    c2w sets itself and against the names the installed torch knows."""
+    raw = os.environ.get(INDUCTOR_ENV, "").strip()
+    if raw:
+        where = f"environment variable {INDUCTOR_ENV}"
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise C2WUserError(where, repr(raw), "a JSON object of Inductor config names and values",
+                               f"e.g. {INDUCTOR_ENV}='{{\"combo_kernels\": true}}', or unset it to use the "
+                               "profile's aoti.inductor_options")
+        options = dict(check_inductor_options(where, parsed))
+    else:
+        where, options = "profile 'aoti.inductor_options'", dict(configured or {})
+    fixed = sorted(set(options) & set(INDUCTOR_CONFIGS))
     if fixed:
-        raise C2WUserError("environment variable C2W_AOTI_INDUCTOR", f"{fixed} in {raw!r}",
-                           "only configs c2w does not set itself",
+        raise C2WUserError(where, f"{fixed}", "only configs c2w does not set itself",
                            "c2w decides where constants live (weight sharing); drop that key")
-    return extra
+    if options:
+        import torch._inductor.config as inductor_config
+        known = inductor_config.get_config_copy()
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            close = {n: difflib.get_close_matches(n, known, n=1) for n in unknown}
+            hint = "; ".join(f"{n}: did you mean {c[0]}?" for n, c in close.items() if c)
+            raise C2WUserError(where, f"unknown Inductor config(s) {unknown}",
+                               f"names of torch._inductor.config in torch {torch.__version__}",
+                               hint or "See torch/_inductor/config.py for the names.")
+    return options
 
 
-def aoti_compiler() -> str:
-    cxx = os.environ.get("C2W_AOTI_CXX") or shutil.which("g++") or os.environ.get("CXX") or "g++"
-    return cxx
+def aoti_compiler(configured: str | None = None) -> str:
+    """The C++ compiler for AOTI builds: C2W_AOTI_CXX when set, else `configured` (the profile's
+    aoti.cxx), else the first g++ on PATH ($CXX only when there is none). A compiler that was asked
+    for by name must exist."""
+    chosen = os.environ.get(CXX_ENV) or configured
+    if not chosen:
+        return shutil.which("g++") or os.environ.get("CXX") or "g++"
+    if shutil.which(chosen) is None:
+        where = f"environment variable {CXX_ENV}" if os.environ.get(CXX_ENV) else "profile 'aoti.cxx'"
+        raise C2WUserError(where, f"'{chosen}' (not an executable, nor a command on PATH)",
+                           "a C++ compiler that links libstdc++ dynamically, e.g. /usr/bin/g++",
+                           f"Fix the path, or unset it for the first g++ on PATH ({shutil.which('g++')}).")
+    return chosen
 
 
 @contextlib.contextmanager
@@ -96,10 +129,10 @@ def step_inputs(cfg, key: ShapeKey, inputs: list[torch.Tensor]) -> list[torch.Te
 
 
 def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.Tensor], path: Path,
-               overrides: dict | None = None) -> dict:
+               overrides: dict | None = None, cxx: str | None = None) -> dict:
     """Compile `unit` (or its Euler step, for the CFM) at the inputs' exact shapes into `path`.
     `overrides`: Inductor configs added to the build (None: read C2W_AOTI_INDUCTOR); the exporter
-    passes the ones it put in the artifact's identity."""
+    passes the ones it put in the artifact's identity. `cxx`: the compiler (None: aoti_compiler())."""
     extra = {}
     if key.component == "cfm":
         unit = CFMStepUnit(model).eval()
@@ -121,13 +154,14 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
         extra["constant_strides"] = weights_layout(unit)
     if overrides:
         extra["inductor"] = overrides
-    cxx = aoti_compiler()
+    cxx = aoti_compiler() if cxx is None else cxx
     with atomic_output(path) as tmp, _compiler(cxx):     # a failed build leaves no package behind
         torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
         bad = static_libstdcxx_objects(tmp)
         if bad:
             raise RuntimeError(f"{bad} link libstdc++ statically (compiler {cxx}); such packages crash at load. "
-                               "Set C2W_AOTI_CXX to a g++ that links it dynamically (e.g. /usr/bin/g++).")
+                               "Set the profile's aoti.cxx (or C2W_AOTI_CXX) to a g++ that links it "
+                               "dynamically (e.g. /usr/bin/g++).")
     return {**extra, "lifted_constants": len(lifted), "cxx": cxx}
 
 
@@ -135,9 +169,14 @@ class AOTIBuilder(Builder):
     """One `.pt2` per key (the CFM's: one Euler step), built without the shared weights."""
 
     def build_options(self, profile) -> dict:
-        return inductor_overrides()
+        """The Inductor configs (profile's aoti.inductor_options, or C2W_AOTI_INDUCTOR): they change
+        the engine, so they join each entry's identity. {} by default, which leaves the identity of
+        entries built before these settings existed unchanged."""
+        aoti_compiler(profile.aoti.cxx)    # a compiler asked for by name that is missing stops the export here
+        return inductor_overrides(profile.aoti.inductor)
 
     def build(self, job: BuildJob) -> list[dict]:
         (key,), (unit,) = job.keys, job.units
-        return [build_aoti(job.model, unit, key, job.example_inputs(key), job.path, job.build_options)]
+        cxx = aoti_compiler(job.profile.aoti.cxx)
+        return [build_aoti(job.model, unit, key, job.example_inputs(key), job.path, job.build_options, cxx)]
 

@@ -16,7 +16,9 @@ the first inputs after capture and NaN for any other (H200, benchmarks/aoti_repr
 All graphs of a backend share one memory pool for their intermediates (`GraphPool`), so N graphs
 cost N x (static inputs + outputs), not N x workspace. Larger engines run the package directly:
 their kernels are long enough to hide the launches, and static copies of multi-GB stream caches
-would cost more memory and bandwidth than the graph saves. C2W_AOTI_CUDA_GRAPHS=0 turns graphs off.
+would cost more memory and bandwidth than the graph saves. Capture is a loading option
+(`runtime.load(..., cuda_graphs=False)`); C2W_AOTI_CUDA_GRAPHS=0 or 1, when set, overrides it
+(`cuda_graphs_setting`).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Mapping, Sequence
 import torch
 
 from runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
+from runtime.errors import C2WUserError
 from runtime.model.dit import euler_schedule
 from runtime.units import tensor_bytes
 
@@ -215,14 +218,33 @@ class AOTIEngine(Engine):
         self._keep = []
 
 
+CUDA_GRAPHS_ENV = "C2W_AOTI_CUDA_GRAPHS"
+
+
+def cuda_graphs_setting(requested: bool | None = None) -> bool:
+    """Whether AOTI engines are captured in CUDA graphs at load: C2W_AOTI_CUDA_GRAPHS when set
+    ('0' or '1'), else `requested` (the loading option), else on. The variable overrides the
+    argument so that an operator can switch capture for a process without changing its code."""
+    if requested not in (None, True, False):
+        raise C2WUserError("cuda_graphs", repr(requested), "True, False or None (the backend's default)")
+    raw = os.environ.get(CUDA_GRAPHS_ENV, "").strip()
+    if raw:
+        if raw not in ("0", "1"):
+            raise C2WUserError(f"environment variable {CUDA_GRAPHS_ENV}", repr(raw), "'0' (no CUDA graphs) or '1'",
+                               "Or unset it to follow the loading option (runtime.load(..., cuda_graphs=...)).")
+        return raw == "1"
+    return True if requested is None else bool(requested)
+
+
 class AOTIBackend(Backend):
     name = "aoti"
     suffix = ".pt2"
+    captures_cuda_graphs = True
 
     def __init__(self, cuda_graphs: bool | None = None, graph_max_bytes: int | None = GRAPH_MAX_BYTES):
-        if cuda_graphs is None:
-            cuda_graphs = os.environ.get("C2W_AOTI_CUDA_GRAPHS", "1") != "0"
-        self.cuda_graphs = cuda_graphs
+        """cuda_graphs: capture engines that fit `graph_max_bytes` (None: on); C2W_AOTI_CUDA_GRAPHS
+        overrides it (cuda_graphs_setting)."""
+        self.cuda_graphs = cuda_graphs_setting(cuda_graphs)
         self.graph_max_bytes = graph_max_bytes      # None: capture every engine
         self._pools: dict[torch.device, GraphPool] = {}
 

@@ -73,6 +73,7 @@ class Engine(abc.ABC):
 class Backend(abc.ABC):
     name: str = ""
     suffix: str = ""                # artifact file suffix, e.g. ".onnx", ".pt2", ".plan"
+    captures_cuda_graphs = False    # True: the constructor takes `cuda_graphs` (the loading option)
 
     @abc.abstractmethod
     def require(self) -> None:

@@ -289,6 +289,7 @@ class TensorRTBackend(Backend):
 
     name = "tensorrt"
     suffix = ".plan"
+    captures_cuda_graphs = True
 
     def __init__(self, cuda_graphs: bool = False):
         self._cuda_graphs = bool(cuda_graphs)

@@ -131,12 +131,16 @@ def test_bench_cli_writes_json_and_markdown_beside_the_artifacts_and_says_what_i
     out = art / "bench.json"
     # the counts asked for: 1 timed call per key and per streaming chunk, after 1 warm-up call
     assert calls == [(art, {"reps": 1, "keys": ["flow_encoder-B1-N28-C100-last0-float32"], "stream_batches": [1],
-                            "peer": False, "out": out, "stream_reps": 1, "traffic": None, "warmup": 1,
-                            "stream_warmup": 1})]
+                            "peer": False, "out": out, "stream_reps": 1, "traffic": None, "cuda_graphs": None,
+                            "warmup": 1, "stream_warmup": 1})]
     assert not list(work.iterdir())                                  # not into the working directory
     assert json.loads(out.read_text()) == json.loads(json.dumps(bench_run[0], default=str))
     assert out.with_suffix(".md").read_text().startswith("Device cpu")
     assert "Omitted: step-audio2 peer row: turned off (--no-peer)." in r.output
+    for flag, graphs in (("--no-cuda-graphs", False), ("--cuda-graphs", True)):    # runtime.load's option
+        r = CliRunner().invoke(app, ["bench", str(art), "--no-peer", flag])
+        assert r.exit_code == 0, r.output
+        assert calls[-1][1]["cuda_graphs"] is graphs
 
 
 def test_snr_and_fidelity_values():

@@ -49,12 +49,75 @@ def test_graph_size_policy(component, dims, dtype, graphed):
     assert not AOTIBackend(cuda_graphs=True).graphed(info, torch.device("cpu"))
 
 
-def test_env_turns_graphs_off(monkeypatch):
+@pytest.mark.parametrize("env,requested,graphs", [
+    (None, None, True), (None, True, True), (None, False, False),   # the loading option, default on
+    ("0", None, False), ("0", True, False), ("1", False, True),     # the variable overrides it
+    ("", False, False), (" ", None, True),                          # blank counts as unset
+])
+def test_graph_capture_setting_precedence(monkeypatch, env, requested, graphs):
+    from runtime.engines.aoti import cuda_graphs_setting
+    if env is None:
+        monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", env)
+    assert cuda_graphs_setting(requested) is graphs
     info = info_for("cfm", (1, 50, 300), "float16")
-    monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "0")
-    assert not AOTIBackend().graphed(info, CUDA)
-    monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "1")
-    assert AOTIBackend().graphed(info, CUDA)
+    assert AOTIBackend(cuda_graphs=requested).graphed(info, CUDA) is graphs
+
+
+def test_graph_capture_setting_errors(monkeypatch):
+    from runtime.engines.aoti import cuda_graphs_setting
+    from runtime.errors import C2WUserError
+    monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "false")
+    with pytest.raises(C2WUserError, match=r"environment variable C2W_AOTI_CUDA_GRAPHS: received 'false'; expected "
+                                           r"'0' \(no CUDA graphs\) or '1'\. Or unset it"):
+        cuda_graphs_setting(True)
+    monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS")
+    with pytest.raises(C2WUserError, match=r"cuda_graphs: received 'no'; expected True, False or None"):
+        cuda_graphs_setting("no")
+
+
+def test_get_backend_passes_the_graph_option_to_backends_that_capture(monkeypatch):
+    from runtime.engines import get_backend
+    monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS", raising=False)
+    assert get_backend("aoti").cuda_graphs is True
+    assert get_backend("aoti", cuda_graphs=False).cuda_graphs is False
+    assert get_backend("tensorrt")._cuda_graphs is False                    # TensorRT's default: off
+    assert get_backend("tensorrt", cuda_graphs=True)._cuda_graphs is True
+    assert get_backend("onnxruntime", cuda_graphs=True).name == "onnxruntime"   # never captures: ignored
+
+
+def aoti_directory(tmp_path) -> Path:
+    """An AOTI artifact directory with nothing built: enough for the cache to open its backend."""
+    from runtime.manifest import Manifest, write_manifest
+    from runtime.model.weights import load_model
+    model = load_model("random:tiny")
+    write_manifest(tmp_path, Manifest(
+        profile={"name": "t"}, model={"spec": "random:tiny", "digest": model.digest}, backend={"name": "aoti",
+        "version": f"torch-{torch.__version__}"}, torch_version=torch.__version__, device="cpu",
+        precision={"flow_encoder": "float32", "cfm": "float32", "hift": "float32", "tf32": False},
+        budget_bytes=1 << 30, weight_bytes={}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("env,requested,graphs", [(None, False, False), (None, None, True), ("1", False, True)])
+def test_runtime_load_passes_the_graph_option_to_every_engine_cache(monkeypatch, tmp_path, env, requested, graphs):
+    """runtime.load(..., cuda_graphs=) reaches the backend that loads the engines, and the
+    replicas a stream server runs its lanes with (C2W_AOTI_CUDA_GRAPHS still overrides it)."""
+    import runtime
+    from runtime.errors import C2WUserError
+    if env is None:
+        monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", env)
+    rt = runtime.load(aoti_directory(tmp_path), cuda_graphs=requested)
+    assert rt.cache.reason_disabled is None
+    assert rt.cache.backend.name == "aoti" and rt.cache.backend.cuda_graphs is graphs
+    twin = rt.cache.replica()
+    assert twin.backend is not rt.cache.backend and twin.backend.cuda_graphs is graphs
+    monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "yes")       # an error, not a cache that silently serves eagerly
+    with pytest.raises(C2WUserError, match=r"C2W_AOTI_CUDA_GRAPHS: received 'yes'"):
+        runtime.load(tmp_path, cuda_graphs=requested)
 
 
 def test_a_pool_whose_graphs_are_all_gone_is_replaced(monkeypatch):
