@@ -10,7 +10,7 @@ what was used is recorded in the manifest entry's extra.
 
 Compiler: the model `.so` must link libstdc++ DYNAMICALLY. A `.so` that carries its own static
 copy crashes or hangs at load, in the first locale call of the model constructor, once the
-process already holds the shared libstdc++ (benchmarks/aoti_repro). On the project's GPU image,
+process already holds the shared libstdc++ (docs/aoti.md, "GPU-only failures"). On the project's GPU image,
 $CXX points to a GCC tree that links it statically, so c2w compiles with `C2W_AOTI_CXX` if set,
 else the first `g++` on PATH, and checks every built package before accepting it.
 """
