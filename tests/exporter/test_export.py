@@ -119,6 +119,7 @@ def fewer_layers_checkpoint(directory) -> str:
     return str(directory)
 
 
+@pytest.mark.slow
 def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     """One AOTI key per unit (it compiles C++): the encoder's steady key, a CFM key built as one
     Euler step that the runtime replays 10 times, and a HiFT key (it lifts constant tables);
@@ -301,6 +302,7 @@ def test_verify_of_a_directory_with_nothing_built_fails(artifacts_copy):
     assert result.exit_code == 2 and "nothing built ({'pending': 8})" in " ".join(result.output.split())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_verify_on_cuda_without_cuda_is_one_line(ort_artifacts):
     for device, message in (("cuda", "'cuda' on a machine without CUDA"), ("gpu", "--device: received 'gpu'")):
         result = runner.invoke(app, ["verify", str(ort_artifacts), "--device", device])
