@@ -80,6 +80,7 @@ def test_budget_selects_in_priority_order(artifacts_copy):
     assert [e.category for e in plan.entries][:2] == ["steady", "steady"]
 
 
+@pytest.mark.slow
 def test_resume_rebuilds_only_the_deleted_artifact(artifacts_copy):
     m = read_manifest(artifacts_copy)
     victim = next(e for e in m.entries if e.component == "flow_encoder")
@@ -273,6 +274,7 @@ def test_plan_dry_run_and_export_pick_the_same_keys_for_fp16(tmp_path):
     assert res.plan.weight_bytes == w and len(res.plan.selected) == n_plan
 
 
+@pytest.mark.slow
 def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifacts_copy, recorded_parity):
     m = read_manifest(artifacts_copy)
     weights = sorted(str(p.relative_to(artifacts_copy)) for p in (artifacts_copy / "onnxruntime" / "weights").iterdir())

@@ -13,8 +13,6 @@ from runtime.model.weights import load_model
 from runtime.stream import StreamDriver
 from runtime.units import EagerRunner, rel_l2
 
-pytestmark = pytest.mark.slow
-
 TOL = 5e-3     # engine vs eager on the PCM: the HiFT bound (see runtime/units.py), fp32
 
 

@@ -29,7 +29,7 @@ from runtime.model.weights import init_random_, load_model
 from runtime.stream import StreamDriver
 from runtime.units import EagerRunner, rel_l2
 
-pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+pytestmark = pytest.mark.oracle
 
 MEL_TOL = 1e-5                      # per chunk, CFM output vs the oracle's; measured 1.9e-7
 PCM_TOL = 2e-5                      # the session's PCM, f0 pinned; measured 1.7e-6 (1 and 2 threads)
