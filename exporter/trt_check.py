@@ -13,7 +13,7 @@ local function that is called, and checks:
 - dtypes on inputs, outputs, initializers, value_info, Constant values and Cast targets
   (complex and float64/string/unsigned... are errors; quantized types only through Q/DQ);
 - initializers duplicated by content (the dynamo exporter with optimize=True folds per-step weight
-  copies, FACTS.md §3), and the total initializer bytes (one "info" finding);
+  copies; docs/tensorrt.md), and the total initializer bytes (one "info" finding);
 - graph input/output dims: concrete ints, or a dim_param named in `allow_dynamic` (the dims the
   multi-profile engine gets one exact-shape profile per ShapeKey for); an output dim may be an
   expression of allowed names, e.g. "2*T + 4".
@@ -100,7 +100,7 @@ OP_SUPPORT: dict[str, OpSupport] = {
     "RMSNormalization": _y((10, 15)),
     "RotaryEmbedding": _y((10, 15), "position_ids must be int64"),
     "TensorScatter": _y((10, 15), "past_cache and update 4-D, axis -2"),
-    "DFT": _n("rewrite STFT/ISTFT as real strided conv1d / conv_transpose1d (FACTS.md §3)"),
+    "DFT": _n("rewrite STFT/ISTFT as real strided conv1d / conv_transpose1d (docs/tensorrt.md)"),
 }
 
 RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike"})
@@ -431,7 +431,7 @@ class _Checker:
             self.add("warning", "op-restriction",
                      f"STFT: could not verify {'; '.join(unknown)}. TensorRT takes STFT only on a "
                      "real float32 signal with constant frame_step and window; the real-conv "
-                     "rewrite (FACTS.md §3) avoids the question.", name, "STFT", where)
+                     "rewrite (docs/tensorrt.md) avoids the question.", name, "STFT", where)
 
     def restrict_LayerNormalization(self, node, name, where):
         extra = [o for o in node.output[1:] if o]

@@ -12,6 +12,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import yaml
 
 from exporter.plan import make_plan, precision_weights
@@ -65,6 +66,7 @@ def _with(step: dict, values: dict) -> dict:
     return {k: _expand(str(v), values) for k, v in step.get("with", {}).items()}
 
 
+@pytest.mark.slow
 def test_workflow_builds_two_shards_merges_verifies_and_keys_the_cache(ort_artifacts, tmp_path):
     wf = yaml.safe_load(WORKFLOW.read_text())
     build, merge = wf["jobs"]["build"], wf["jobs"]["merge"]

@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-PROFILE=${PROFILE:-benchmarks/h200/h200_subset.yaml}
+PROFILE=${PROFILE:-benchmarks/h200/h200_core.yaml}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 # SKIP_EXPORT=1: bench what an earlier call left in /tmp/art/all (chain calls within ~30 s).
 if [ -z "${SKIP_EXPORT:-}" ]; then

@@ -13,11 +13,12 @@ environment variable when that is set (non-empty):
 
 Compiler: the model `.so` must link libstdc++ DYNAMICALLY. A `.so` that carries its own static
 copy crashes or hangs at load, in the first locale call of the model constructor, once the
-process already holds the shared libstdc++ (benchmarks/aoti_repro). On the project's GPU image,
-$CXX points to a GCC tree that links it statically, so c2w compiles with the first `g++` on PATH
-unless told otherwise, and checks every built package before accepting it. The compiler is
-recorded in each entry's extra, not in its identity: any compiler whose package passes that check
-and parity builds the same engine, and the default resolves to a different path per machine.
+process already holds the shared libstdc++ (docs/aoti.md, "GPU-only failures"). On the
+project's GPU image, $CXX points to a GCC tree that links it statically, so c2w compiles with the
+first `g++` on PATH unless told otherwise, and checks every built package before accepting it.
+The compiler is recorded in each entry's extra, not in its identity: any compiler whose package
+passes that check and parity builds the same engine, and the default resolves to a different
+path per machine.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ captured into a CUDA graph at load (static input buffers; packages loaded with
 run_single_threaded=True, as AOTI requires for capture), so a call is: copy inputs in, one replay,
 clone outputs out. For the CFM the graph is ONE Euler step, replayed n times per chunk: capturing
 the n-step replay of a single-threaded package as one graph computes the right values only for
-the first inputs after capture and NaN for any other (H200, benchmarks/aoti_repro/README.md).
+the first inputs after capture and NaN for any other (H200; docs/aoti.md, "GPU-only failures").
 All graphs of a backend share one memory pool for their intermediates (`GraphPool`), so N graphs
 cost N x (static inputs + outputs), not N x workspace. Larger engines run the package directly:
 their kernels are long enough to hide the launches, and static copies of multi-GB stream caches
@@ -177,7 +177,7 @@ def nbytes(shapes, dtypes) -> int:
     return sum(tensor_bytes(shape, dt) for shape, dt in zip(shapes, dtypes))
 
 
-# Measured on the H200 (benchmarks/h200/results/profile_depth2): graphs pay off where launches
+# Measured on the H200 (depth-2 CFM proxy, run 3 at ee67881; docs/aoti.md): graphs pay off where launches
 # dominate (CFM B=1: 3.2 vs 10.0 ms; B=8: 4.3 vs 10.1 ms per 2-block solve) and not at B=32
 # (7.8 vs 7.8 ms), where one step's static att cache alone is 0.6-0.8 GB.
 GRAPH_MAX_BYTES = 512 << 20

@@ -10,6 +10,8 @@ from cli import app
 from exporter.bench import bench_dir, to_markdown
 from runtime.units import SPECS
 
+pytestmark = pytest.mark.slow
+
 
 KEYS = ["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"]
 OOM = "RuntimeError: CUDA out of memory (simulated)"

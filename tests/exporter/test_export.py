@@ -80,6 +80,7 @@ def test_budget_selects_in_priority_order(artifacts_copy):
     assert [e.category for e in plan.entries][:2] == ["steady", "steady"]
 
 
+@pytest.mark.slow
 def test_resume_rebuilds_only_the_deleted_artifact(artifacts_copy):
     m = read_manifest(artifacts_copy)
     victim = next(e for e in m.entries if e.component == "flow_encoder")
@@ -119,6 +120,7 @@ def fewer_layers_checkpoint(directory) -> str:
     return str(directory)
 
 
+@pytest.mark.slow
 def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     """One AOTI key per unit (it compiles C++): the encoder's steady key, a CFM key built as one
     Euler step that the runtime replays 10 times, and a HiFT key (it lifts constant tables);
@@ -272,6 +274,7 @@ def test_plan_dry_run_and_export_pick_the_same_keys_for_fp16(tmp_path):
     assert res.plan.weight_bytes == w and len(res.plan.selected) == n_plan
 
 
+@pytest.mark.slow
 def test_verify_checks_size_and_sha256_of_every_file_the_manifest_names(artifacts_copy, recorded_parity):
     m = read_manifest(artifacts_copy)
     weights = sorted(str(p.relative_to(artifacts_copy)) for p in (artifacts_copy / "onnxruntime" / "weights").iterdir())
@@ -301,6 +304,7 @@ def test_verify_of_a_directory_with_nothing_built_fails(artifacts_copy):
     assert result.exit_code == 2 and "nothing built ({'pending': 8})" in " ".join(result.output.split())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_verify_on_cuda_without_cuda_is_one_line(ort_artifacts):
     for device, message in (("cuda", "'cuda' on a machine without CUDA"), ("gpu", "--device: received 'gpu'")):
         result = runner.invoke(app, ["verify", str(ort_artifacts), "--device", device])

@@ -152,6 +152,7 @@ def _without_cfm(p):
     return dataclasses.replace(p, budget_bytes=budget)
 
 
+@pytest.mark.slow
 def test_tensorrt_export_fails_per_key_resumes_and_rebuilds_only_what_changed(tmp_path, monkeypatch, fake_tensorrt):
     out, profile = tmp_path / "trt", _without_cfm(_profile())
     (first, first_keys), _, (last, last_keys) = _groups(profile)

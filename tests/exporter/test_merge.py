@@ -2,6 +2,7 @@
 import json
 import shutil
 
+import pytest
 from typer.testing import CliRunner
 
 from cli import app
@@ -22,6 +23,7 @@ def _as_shard(src, dst, keep):
     return dst
 
 
+@pytest.mark.slow
 def test_merge_takes_each_key_from_the_shard_that_built_it(ort_artifacts, tmp_path, recorded_parity):
     cfm = _as_shard(ort_artifacts, tmp_path / "s1", lambda e: e["component"] == "cfm")
     rest = _as_shard(ort_artifacts, tmp_path / "s2", lambda e: e["component"] != "cfm")

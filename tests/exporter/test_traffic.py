@@ -223,6 +223,7 @@ def test_plan_prints_the_predicted_hit_rate(tmp_path, tiny):
     assert "B=2 T=50 L=200" in first and "calls   4.000" in first and first.endswith("build")
 
 
+@pytest.mark.slow
 def test_bench_measures_the_hit_rate_the_planner_predicts(ort_artifacts):
     """A session through the real driver and the directory's engines: its two chunks' keys (first,
     then steady with grown caches) are built, the set-up's and the final chunk's are not. The

@@ -52,6 +52,7 @@ def test_one_key_per_graph_variant():
     assert {k.component for k in KEYS} == set(DYNAMIC_DIMS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", KEYS, ids=lambda k: graph_variant(k))
 def test_graph_is_clean(model, key, tmp_path):
     import onnx

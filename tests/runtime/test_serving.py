@@ -24,6 +24,8 @@ from runtime.slots import ServerFullError
 from runtime.units import EagerRunner, ShapeKey, rel_l2
 from tests.conftest import small_profile
 
+pytestmark = pytest.mark.slow
+
 MEL_TOL = 1e-5     # per-chunk mel, batched vs alone (fp32): GEMM blocking differs by batch, ~5e-7
 # PCM, batched vs alone: the HiFT's NSF source integrates f0 into phases of ~1e4 rad, so the ~5e-7
 # relative mel difference above moves the sine by up to ~3e-4 (measured; runtime/serving.py and

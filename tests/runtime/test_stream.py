@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
+pytest.importorskip("flashcosyvoice")
+
 from cosyvoice2.flow.decoder_dit import DiT as OracleDiT
 from cosyvoice2.flow.flow import CausalMaskedDiffWithXvec
 from cosyvoice2.flow.flow_matching import CausalConditionalCFM
@@ -25,6 +28,8 @@ from runtime.errors import C2WUserError
 from runtime.model.weights import init_random_, load_model
 from runtime.stream import StreamDriver
 from runtime.units import EagerRunner, rel_l2
+
+pytestmark = pytest.mark.oracle
 
 MEL_TOL = 1e-5                      # per chunk, CFM output vs the oracle's; measured 1.9e-7
 PCM_TOL = 2e-5                      # the session's PCM, f0 pinned; measured 1.7e-6 (1 and 2 threads)

@@ -5,6 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
+
 from cosyvoice2.flow.decoder_dit import DiT as OracleDiT
 from cosyvoice2.flow.flow_matching import CausalConditionalCFM
 
@@ -12,6 +14,8 @@ from runtime.model.config import FULL, TINY
 from runtime.model.dit import SHIFTED_GEMM_ROWS, CausalConvBlock, DiT, CFMSolver, euler_schedule
 from runtime.model.weights import init_random_
 from runtime.units import rel_l2
+
+pytestmark = pytest.mark.oracle
 
 TOL = 1e-4     # fp32 parity bound (rel-L2) with the oracle
 

@@ -12,6 +12,8 @@ from runtime.model.encoder import MAX_POS, ConformerEncoder
 
 upstream = pytest.importorskip("cosyvoice2.transformer.upsample_encoder_v2")
 
+pytestmark = pytest.mark.oracle
+
 TOL = 1e-4
 LOOKAHEAD = 3
 

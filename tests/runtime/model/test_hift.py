@@ -28,6 +28,8 @@ from runtime.model.hift import (HiftVocoder, _prefix_sum_f32, _upsample_phase,
 
 hifigan = pytest.importorskip("flashcosyvoice.modules.hifigan")
 
+pytestmark = pytest.mark.oracle
+
 H = TINY.hift.nb_harmonics + 1
 HOP = TINY.hift.samples_per_frame      # 480
 CACHE = TINY.hift_source_cache          # 3840

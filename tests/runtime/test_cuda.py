@@ -1,0 +1,77 @@
+"""On a CUDA GPU: AOTI engines built for the device, loaded with CUDA graphs, checked on many inputs.
+
+The rest of the suite runs on the CPU, where the graph policy is only bookkeeping
+(test_aoti_graph_policy.py). These tests run the capture itself; without CUDA they are skipped.
+Run them alone with `python -m pytest -q -m gpu tests` (docs/testing.md).
+"""
+import dataclasses
+
+import pytest
+import torch
+
+import runtime.memory
+from exporter.export import export_profile, prepare_model
+from exporter.plan import make_plan, precision_weights
+from exporter.profile import Precision
+from runtime.engines.aoti import AOTIBackend
+from runtime.manifest import read_manifest
+from runtime.units import SPECS, ShapeKey, rel_l2
+from runtime.verify import artifact_info, entry_key, unit_weights
+from tests.conftest import EstimatedMemory, small_profile
+from tests.exporter.test_export import fewer_layers_checkpoint
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# One key per unit, the CFM in float16 as the GPU profiles build it.
+KEYS = (ShapeKey("flow_encoder", (1, 28, 150, 0), "float16"), ShapeKey("cfm", (1, 50, 150), "float16"),
+        ShapeKey("hift", (1, 58, 3840), "float32"))
+
+
+@pytest.fixture(scope="module")
+def cuda_aoti(tmp_path_factory):
+    """The three KEYS built by the exporter for CUDA (parity checked there, fail closed)."""
+    tmp = tmp_path_factory.mktemp("cuda_aoti")
+    p = dataclasses.replace(small_profile(), model=fewer_layers_checkpoint(tmp / "model"), device="cuda",
+                            backend="aoti", extra_keys=KEYS, priority=("extra", "steady", "first", "tail"),
+                            precision=Precision(flow_encoder="float16", cfm="float16", hift="float32", tf32=True))
+    model, _ = prepare_model(p)
+    weights = precision_weights(model, p)
+    est = sum(e.est_bytes for e in make_plan(model.cfg, p, weights).entries if e.key in KEYS)
+    p = dataclasses.replace(p, budget_bytes=sum(weights.values()) + est)   # room for KEYS only
+    with pytest.MonkeyPatch.context() as mp:   # each key measures its estimate (conftest.EstimatedMemory)
+        mp.setattr(runtime.memory, "MeasureProcess", EstimatedMemory)
+        export_profile(p, tmp / "aoti")
+    return model, tmp / "aoti"
+
+
+def test_cuda_engines_build_and_pass_parity(cuda_aoti):
+    _, out = cuda_aoti
+    m = read_manifest(out)
+    built = {e.id: e for e in m.entries if e.status == "built"}
+    assert sorted(built) == sorted(k.id for k in KEYS), [(e.id, e.status, e.error) for e in m.entries]
+    assert all(e.parity["passed"] for e in built.values())
+
+
+@pytest.mark.parametrize("component", ["flow_encoder", "cfm", "hift"])
+def test_graphed_engine_matches_eager_on_every_new_input(cuda_aoti, component):
+    """A graphed engine must be right for every input copied into it, not only the first after
+    capture: a CFM replay captured as one graph was right once and NaN after (docs/aoti.md)."""
+    model, out = cuda_aoti
+    entry = next(e for e in read_manifest(out).entries if e.status == "built" and e.component == component)
+    key, spec, device = entry_key(entry), SPECS[component], torch.device("cuda")
+    unit = spec.build(model, key).eval()
+    backend = AOTIBackend(cuda_graphs=True, graph_max_bytes=None)
+    engine = backend.load(artifact_info(out, entry, model.cfg), unit_weights(unit), device)
+    assert backend.graphed(engine.info, device)
+    try:
+        for seed in (1, 2, 3):
+            inputs = spec.example_inputs(model.cfg, key, torch.Generator().manual_seed(seed), device=device)
+            got = engine.run(inputs)
+            with torch.inference_mode():
+                want = list(unit(*inputs))
+            for name, g, w in zip(spec.output_names, got, want):
+                assert torch.isfinite(g).all(), f"{component} {name}: non-finite output for seed {seed}"
+                assert rel_l2(g, w) <= spec.tolerance(key), f"{component} {name}: seed {seed}"
+    finally:
+        engine.release()
