@@ -173,10 +173,15 @@ class MeasureProcess:
     def __init__(self, out_dir: Path, manifest: Manifest, device: torch.device | str):
         self.device = torch.device(device)
         self.kind = memory_kind(self.device)
-        root = Path(__file__).resolve().parent.parent      # this checkout's `runtime`, whatever is installed
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        import c2w
+        # The child imports the c2w this process did. A checkout's c2w/__init__.py (the one c2w with
+        # a __file__; an installed c2w is a namespace package) is found through the checkout on
+        # sys.path, where pytest puts it: the child gets that entry too, whatever c2w is installed.
+        checkout = getattr(c2w, "__file__", None)
+        paths = [str(Path(checkout).resolve().parents[1])] if checkout else []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))}
         self._log = tempfile.TemporaryFile(mode="w+")
-        self._proc = subprocess.Popen([sys.executable, "-m", "runtime.memory"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", "c2w.runtime.memory"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
         header = dataclasses.replace(manifest, entries=[])
         try:

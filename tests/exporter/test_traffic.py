@@ -201,7 +201,7 @@ def test_bundled_gpu_profiles_declare_traffic():
     for name in ("h200", "h100"):
         tr = load_profile(name).traffic
         assert tr is not None and abs(sum(s for _, s in tr.batch_sizes) - 1) < 1e-9
-    assert load_profile("h200").traffic.calibration.endswith("run5_core/calibration.json")
+    assert load_profile("h200").traffic.calibration.endswith("profiles/h200.calibration.json")
     assert load_profile("cpu").traffic is None
 
 
