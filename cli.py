@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runtime.errors import C2WUserError
+from c2w.runtime.errors import C2WUserError
 
 # rich_markup_mode=None: the plain help. Typer's rich help prints a type label on every option,
 # `<bool>` on each flag included (--help too), which reads as if the flag took a value.
@@ -94,7 +94,7 @@ def _installed() -> bool:
 
 
 def _load(profile: str, backend: Optional[str], model: Optional[str]):
-    from exporter.profile import load_profile
+    from c2w.exporter.profile import load_profile
     return load_profile(profile).with_overrides(backend=backend, model=model)
 
 
@@ -105,8 +105,8 @@ def plan(profile: str = typer.Option(..., "--profile", "-p", help="profile YAML 
          model: Optional[str] = typer.Option(None, help="override the profile's model spec")):
     """Print the exact keys the profile's streams hit, their estimates and the budget cut; with a
     traffic section, each key's expected calls and saved ms, and the predicted engine hit rate."""
-    from exporter.plan import dims_str, make_plan, precision_weights
-    from runtime.model.weights import load_model
+    from c2w.exporter.plan import dims_str, make_plan, precision_weights
+    from c2w.runtime.model.weights import load_model
     p = _load(profile, backend, model)
     m = load_model(p.model)
     pl = make_plan(m.cfg, p, precision_weights(m, p))
@@ -144,8 +144,8 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
            dry_run: bool = typer.Option(False, "--dry-run", help="plan (and for tensorrt: check the ONNX graphs) only"),
            verbose: bool = typer.Option(False, "--verbose", "-v")):
     """Export every selected key of the profile as a verified exact-shape artifact."""
-    from exporter.export import ExportInterrupted, dry_run_summary, export_profile
-    from exporter.report import render
+    from c2w.exporter.export import ExportInterrupted, dry_run_summary, export_profile
+    from c2w.exporter.report import render
     _quiet(verbose)
     p = _load(profile, backend, model)
     out = out or Path("artifacts") / p.name
@@ -165,10 +165,10 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
             raise typer.Exit(130) from None
         bar.update(task, completed=bar.tasks[0].total or 0, description="done")
     if res.findings:
-        from exporter.trt_check import format_findings
+        from c2w.exporter.trt_check import format_findings
         console.print(format_findings(res.findings), highlight=False)
     if dry_run:
-        from exporter.trt_check import errors
+        from c2w.exporter.trt_check import errors
         console.print(f"dry run: {len(res.plan.selected)} keys would be built into {out}")
         raise typer.Exit(1 if errors(res.findings) else 0)
     console.print(render(res.manifest), highlight=False, soft_wrap=True)
@@ -185,8 +185,8 @@ def report(out: Path = typer.Argument(..., help="artifact directory"),
            format: str = typer.Option("table", "--format", "-f", help="table | markdown | json"),
            plot: Optional[Path] = typer.Option(None, help="write a PNG: memory per key against the budget")):
     """Show which shapes got an engine, what each costs, and what the budget left to eager."""
-    from exporter import report as rep
-    from runtime.manifest import read_manifest
+    from c2w.exporter import report as rep
+    from c2w.runtime.manifest import read_manifest
     if format not in rep.FORMATS:
         raise C2WUserError("--format", repr(format), f"one of {list(rep.FORMATS)}")
     m = read_manifest(out)
@@ -201,8 +201,8 @@ def verify(out: Path = typer.Argument(..., help="artifact directory"),
            device: Optional[str] = typer.Option(None, help="cpu or cuda (default: the manifest's)")):
     """Re-run parity of every built artifact against eager, then check the budget (as recorded, and
     measured again in a fresh process); exit 1 on any failure."""
-    from exporter.verify import verify_budget, verify_directory
-    from runtime.manifest import Status
+    from c2w.exporter.verify import verify_budget, verify_directory
+    from c2w.runtime.manifest import Status
     manifest, checked = verify_directory(out, device)
     bad = 0
     for e in checked:
@@ -228,8 +228,8 @@ def verify(out: Path = typer.Argument(..., help="artifact directory"),
 def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
           shards: list[Path] = typer.Argument(..., help="artifact directories of `c2w export --shard K/N` jobs")):
     """Combine the artifact directories of sharded export jobs into one."""
-    from exporter.merge import merge_dirs
-    from runtime.manifest import Status
+    from c2w.exporter.merge import merge_dirs
+    from c2w.runtime.manifest import Status
     m = merge_dirs(out, shards)
     n = sum(e.status == Status.BUILT for e in m.entries)
     over = sum(e.status == Status.OVER_BUDGET for e in m.entries)
@@ -240,8 +240,8 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
 
 def _traffic_profile(out: Path, profile: Optional[str]):
     """The profile whose traffic mix `c2w bench --traffic` runs: --profile, else the manifest's."""
-    from exporter.profile import load_profile
-    from runtime.manifest import read_manifest
+    from c2w.exporter.profile import load_profile
+    from c2w.runtime.manifest import read_manifest
     p = _load(profile, None, None) if profile else load_profile(read_manifest(out).profile["source"])
     if p.traffic is None:
         raise C2WUserError("--traffic", f"profile {p.source} without a traffic section",
@@ -285,7 +285,7 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
                                                      "each key is timed both ways regardless")):
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
     with --serve, concurrent streams through the stream server."""
-    from exporter.bench import bench_dir, to_markdown, write, write_calibration
+    from c2w.exporter.bench import bench_dir, to_markdown, write, write_calibration
     _quiet(False)
     if out is None:
         if profile is None:
@@ -294,7 +294,7 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
         out = Path("artifacts") / _load(profile, None, None).name
     json_out = json_out or out / ("serve.json" if serve else "bench.json")
     if serve:
-        from exporter import serve_bench
+        from c2w.exporter import serve_bench
         if arrival not in ("fixed", "poisson"):
             raise C2WUserError("--arrival", repr(arrival), "fixed or poisson")
         levels = _int_list("--concurrency", concurrency)

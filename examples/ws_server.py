@@ -20,7 +20,7 @@ import torch
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
-import runtime
+from c2w import runtime
 
 
 def _tensor(values, dtype) -> torch.Tensor:

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import torch
 
-from runtime.atomic import atomic_write
-from runtime.cache import EngineCache
-from runtime.engines import get_backend
-from runtime.engines.aoti import CudaGraphed, GraphPool
-from runtime.manifest import read_manifest
-from runtime.model.weights import load_model
-from runtime.stream import StreamDriver
-from runtime.units import SPECS, EagerRunner, dtype_of, rel_l2
-from runtime.verify import artifact_info, entry_key, unit_weights
+from c2w.runtime.atomic import atomic_write
+from c2w.runtime.cache import EngineCache
+from c2w.runtime.engines import get_backend
+from c2w.runtime.engines.aoti import CudaGraphed, GraphPool
+from c2w.runtime.manifest import read_manifest
+from c2w.runtime.model.weights import load_model
+from c2w.runtime.stream import StreamDriver
+from c2w.runtime.units import SPECS, EagerRunner, dtype_of, rel_l2
+from c2w.runtime.verify import artifact_info, entry_key, unit_weights
 
 
 def timed(fn, device: torch.device, warmup: int, reps: int, setup=None) -> dict:
@@ -215,7 +215,7 @@ def load_memory(cache_factory, model, device, counters=None) -> dict:
     constant blob of a package that carries its constants, and kernel code, which loads lazily
     so it lands on whichever engine runs first: captured engines at load, others at their first
     call). Other processes on the GPU would show up too."""
-    from exporter.plan import weight_bytes
+    from c2w.exporter.plan import weight_bytes
     read = counters or _cuda_counters(device)
     cache = cache_factory()                                   # lazy: nothing loaded yet
     first = read()
@@ -511,8 +511,8 @@ def bench_traffic(artifact_dir: Path, profile, model=None, cuda_graphs: bool | N
     traffic.tail_tokens) is not run and counts as UNKNOWN_TAIL_CALLS misses, as in the prediction.
     The mix is the profile's; the schedule and precision are the ones the artifacts were built with.
     model: the directory's model at its precision on its device (default: loaded here)."""
-    from exporter.profile import Precision, Schedule
-    from exporter.traffic import UNKNOWN_TAIL_CALLS, session_calls
+    from c2w.exporter.profile import Precision, Schedule
+    from c2w.exporter.traffic import UNKNOWN_TAIL_CALLS, session_calls
     manifest = read_manifest(artifact_dir)
     profile = dataclasses.replace(profile, precision=Precision(**manifest.precision), schedule=Schedule(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in manifest.schedule.items()}))
@@ -558,7 +558,7 @@ def calibration(res: dict) -> dict:
     every key whose eager and served-engine medians were measured, both in ms. The set-up
     (device, backend, precision, model config) travels with them: the planner refuses timings
     measured for another."""
-    from exporter.traffic import CALIBRATION_FORMAT
+    from c2w.exporter.traffic import CALIBRATION_FORMAT
     keys = []
     for r in res["keys"]:
         eager, served = r.get("eager", {}), r.get(r.get("served_variant", ""), {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.manifest import Entry, Manifest, Status
+from c2w.runtime.manifest import Entry, Manifest, Status
 
 # Two measurements of the same directory in fresh processes differ by about 0.1 % on the CPU
 # (docs/budget.md); `c2w verify` re-measures and allows this much over the budget before failing,

@@ -33,18 +33,18 @@ from typing import Callable
 
 import torch
 
-from exporter.backends import Builder, BuildJob, get_builder
-from exporter.budget import Ledger, mib
-from exporter.plan import Plan, PlannedKey, make_plan, precision_weights, require_selection
-from exporter.profile import Profile
-from runtime import memory
-from runtime.errors import WRITE_ERRNOS, C2WUserError, write_error
-from runtime.manifest import (Entry, ForeignManifestError, Manifest, Status, entry_identity, file_problem,
+from c2w.exporter.backends import Builder, BuildJob, get_builder
+from c2w.exporter.budget import Ledger, mib
+from c2w.exporter.plan import Plan, PlannedKey, make_plan, precision_weights, require_selection
+from c2w.exporter.profile import Profile
+from c2w.runtime import memory
+from c2w.runtime.errors import WRITE_ERRNOS, C2WUserError, write_error
+from c2w.runtime.manifest import (Entry, ForeignManifestError, Manifest, Status, entry_identity, file_problem,
                               file_record, file_sha256, read_manifest, write_manifest)
-from runtime.model.weights import Code2Wav
-from runtime.precision import load_at_precision, set_tf32
-from runtime.units import SPECS
-from runtime.verify import check_entry, device_name, weights_layout
+from c2w.runtime.model.weights import Code2Wav
+from c2w.runtime.precision import load_at_precision, set_tf32
+from c2w.runtime.units import SPECS
+from c2w.runtime.verify import check_entry, device_name, weights_layout
 
 log = logging.getLogger("c2w.export")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from runtime.model.config import ModelConfig
-from runtime.units import ShapeKey
+from c2w.runtime.model.config import ModelConfig
+from c2w.runtime.units import ShapeKey
 
 
 def _linear(rows: int, n_in: int, n_out: int) -> int:

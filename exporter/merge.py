@@ -14,10 +14,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from exporter.budget import Ledger
-from runtime.atomic import atomic_output
-from runtime.errors import C2WUserError
-from runtime.manifest import Manifest, Status, file_sha256, read_manifest, write_manifest
+from c2w.exporter.budget import Ledger
+from c2w.runtime.atomic import atomic_output
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.manifest import Manifest, Status, file_sha256, read_manifest, write_manifest
 
 _SAME = ("profile", "model", "backend", "device", "precision", "torch_version")
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporter import traffic
-from exporter.sessions import stream_keys  # noqa: F401  (the planner's keys; callers import it from here)
-from runtime.errors import C2WUserError
-from runtime.model.config import ModelConfig
-from runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
+from c2w.exporter import traffic
+from c2w.exporter.sessions import stream_keys  # noqa: F401  (the planner's keys; callers import it from here)
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.config import ModelConfig
+from c2w.runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
 
 
 @dataclass(frozen=True)

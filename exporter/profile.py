@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from runtime.errors import C2WUserError
-from runtime.units import DTYPES, SPECS, ShapeKey
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.units import DTYPES, SPECS, ShapeKey
 
 BACKENDS = ("onnxruntime", "aoti", "tensorrt")
 DEVICES = ("cpu", "cuda")

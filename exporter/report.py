@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from exporter.budget import mib, recorded_ledger
-from runtime.atomic import atomic_output
-from runtime.errors import MissingBackendError
-from runtime.manifest import Manifest, Status
+from c2w.exporter.budget import mib, recorded_ledger
+from c2w.runtime.atomic import atomic_output
+from c2w.runtime.errors import MissingBackendError
+from c2w.runtime.manifest import Manifest, Status
 
 FORMATS = ("table", "markdown", "json")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.units import rel_l2
+from c2w.runtime.units import rel_l2
 
 FIRST_TOKENS = 28
 TAIL_TOKENS = 13
@@ -193,8 +193,8 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
                   stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0, voices: int = 0,
                   lanes: int = 1, token_rate: float = 0.0, check_streams: int = 2, reps: int = 10, seed: int = 0,
                   save=lambda res: None, cuda_graphs: bool | None = None) -> dict:
-    import runtime
-    from exporter.bench import _commit
+    from c2w import runtime
+    from c2w.exporter.bench import _commit
     rt = runtime.load(artifact_dir, cuda_graphs=cuda_graphs)
     P = int(rt.schedule.get("prompt_frames", 300))
     dev = rt.driver._device()

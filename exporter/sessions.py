@@ -8,9 +8,9 @@ sweep) and the traffic model (exporter/traffic.py: whole sessions) both walk str
 """
 from __future__ import annotations
 
-from runtime.model.config import ModelConfig
-from runtime.stream import KEEP_RECENT
-from runtime.units import ShapeKey
+from c2w.runtime.model.config import ModelConfig
+from c2w.runtime.stream import KEEP_RECENT
+from c2w.runtime.units import ShapeKey
 
 
 def _trim(n: int, prompt: int) -> int:

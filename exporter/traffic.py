@@ -19,12 +19,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.flops import unit_flops
-from exporter.profile import EAGER_TFLOPS
-from exporter.sessions import chunk_keys, setup_keys, tail_keys
-from runtime.errors import C2WUserError
-from runtime.model.config import ModelConfig
-from runtime.units import ShapeKey
+from c2w.exporter.flops import unit_flops
+from c2w.exporter.profile import EAGER_TFLOPS
+from c2w.exporter.sessions import chunk_keys, setup_keys, tail_keys
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.config import ModelConfig
+from c2w.runtime.units import ShapeKey
 
 CALIBRATION_FORMAT = "c2w-calibration/1"
 UNKNOWN_TAIL_CALLS = 3       # a final chunk of unknown size: encoder, CFM and HiFT, all eager

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from runtime.engines.tensorrt import FLOOR, MAX_MAJOR, MIN_VERSION
-from runtime.errors import C2WUserError
+from c2w.runtime.engines.tensorrt import FLOOR, MAX_MAJOR, MIN_VERSION
+from c2w.runtime.errors import C2WUserError
 
 SEVERITIES = ("error", "warning", "info")
 MIN_OPSET = 9

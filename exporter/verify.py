@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from exporter.budget import MEASURE_TOLERANCE, mib, overrun, recorded_ledger
-from runtime.engines import get_backend
-from runtime.errors import C2WUserError
-from runtime.manifest import Entry, Manifest, Status, file_problem, model_from_manifest, read_manifest
-from runtime.memory import MeasureError, measure_directory
-from runtime.verify import check_entry
+from c2w.exporter.budget import MEASURE_TOLERANCE, mib, overrun, recorded_ledger
+from c2w.runtime.engines import get_backend
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.manifest import Entry, Manifest, Status, file_problem, model_from_manifest, read_manifest
+from c2w.runtime.memory import MeasureError, measure_directory
+from c2w.runtime.verify import check_entry
 
 OVERRUN_FIX = ("Re-run c2w export into this directory to keep only the keys that fit (c2w merge cuts shard "
                "directories to the budget), or raise budget_bytes in the profile and re-export.")

@@ -1,6 +1,6 @@
 """c2w runtime: what a serving process imports. It never compiles and never imports `exporter`.
 
-    import runtime
+    from c2w import runtime
     rt = runtime.load("artifacts/cpu")              # the model spec comes from the manifest
     state = rt.setup(prompt_tokens, prompt_mel, spk) # once per voice (set-up keys or eager)
     pcm = rt.step(state, tokens)                     # per chunk, B streams at once
@@ -14,15 +14,15 @@ from pathlib import Path
 
 import torch
 
-from runtime.cache import EngineCache
-from runtime.errors import C2WUserError
-from runtime.manifest import model_from_manifest, read_manifest
-from runtime.model.weights import Code2Wav, load_model
-from runtime.precision import load_at_precision, set_tf32
-from runtime.serving import StreamHandle, StreamServer
-from runtime.slots import ServerFullError
-from runtime.stream import StreamDriver, StreamState
-from runtime.units import ShapeKey
+from c2w.runtime.cache import EngineCache
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.manifest import model_from_manifest, read_manifest
+from c2w.runtime.model.weights import Code2Wav, load_model
+from c2w.runtime.precision import load_at_precision, set_tf32
+from c2w.runtime.serving import StreamHandle, StreamServer
+from c2w.runtime.slots import ServerFullError
+from c2w.runtime.stream import StreamDriver, StreamState
+from c2w.runtime.units import ShapeKey
 
 __all__ = ["Runtime", "load", "C2WUserError", "ShapeKey", "StreamState", "load_model", "StreamServer",
            "StreamHandle", "ServerFullError"]

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from runtime.engines import get_backend
-from runtime.engines.aoti import cuda_graphs_setting
-from runtime.errors import C2WUserError
-from runtime.manifest import Entry, Manifest, Status, file_sha256, read_manifest
-from runtime.units import DTYPE_NAMES, SPECS, EagerRunner, ShapeKey
-from runtime.verify import artifact_info, device_name, entry_key, unit_weights
+from c2w.runtime.engines import get_backend
+from c2w.runtime.engines.aoti import cuda_graphs_setting
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.manifest import Entry, Manifest, Status, file_sha256, read_manifest
+from c2w.runtime.units import DTYPE_NAMES, SPECS, EagerRunner, ShapeKey
+from c2w.runtime.verify import artifact_info, device_name, entry_key, unit_weights
 
 log = logging.getLogger("c2w.runtime")
 

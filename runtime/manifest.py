@@ -14,10 +14,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from runtime.atomic import atomic_write
-from runtime.errors import C2WUserError
-from runtime.model.weights import Code2Wav
-from runtime.precision import load_at_precision, set_tf32
+from c2w.runtime.atomic import atomic_write
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.weights import Code2Wav
+from c2w.runtime.precision import load_at_precision, set_tf32
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)

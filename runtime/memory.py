@@ -1,6 +1,6 @@
 """What engines cost when they are loaded together: the measurement behind the memory budget.
 
-A *measurement process* (`python -m runtime.memory`, started by `MeasureProcess`) holds what a
+A *measurement process* (`python -m c2w.runtime.memory`, started by `MeasureProcess`) holds what a
 serving process holds: the eager model at the manifest's precision (TF32 as it says) and the
 engines loaded so far. It loads one entry at a time next to the ones before it, runs it once on
 example inputs, drops those inputs and outputs, and reports what stayed:
@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-from runtime.engines import get_backend
-from runtime.manifest import Entry, Manifest, Status, model_from_manifest
-from runtime.units import SPECS, EagerRunner
-from runtime.verify import artifact_info, entry_key, gpu_turn, unit_weights
+from c2w.runtime.engines import get_backend
+from c2w.runtime.manifest import Entry, Manifest, Status, model_from_manifest
+from c2w.runtime.units import SPECS, EagerRunner
+from c2w.runtime.verify import artifact_info, entry_key, gpu_turn, unit_weights
 
 MEASURE_SEED = 4321               # inputs of the one run each engine gets before it is measured
 HOST_KIND, CUDA_KIND = "host_anon", "cuda_device"    # Entry.memory_kind of what this module measures

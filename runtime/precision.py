@@ -10,8 +10,8 @@ from typing import Mapping
 
 import torch
 
-from runtime.model.weights import Code2Wav, load_model
-from runtime.units import SPECS, dtype_of
+from c2w.runtime.model.weights import Code2Wav, load_model
+from c2w.runtime.units import SPECS, dtype_of
 
 log = logging.getLogger("c2w.precision")
 

@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.errors import C2WUserError
-from runtime.slots import ServerFullError, SlotPool
-from runtime.stream import as_tensor, check_features, check_tokens
-from runtime.units import EagerRunner
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.slots import ServerFullError, SlotPool
+from c2w.runtime.stream import as_tensor, check_features, check_tokens
+from c2w.runtime.units import EagerRunner
 
 DEFAULT_MAX_WAIT_MS = 2.0
 # Streams that just got their chunk back are about to submit the next one at the same position.

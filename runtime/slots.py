@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.errors import C2WUserError
-from runtime.stream import KEEP_RECENT, StreamState
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.stream import KEEP_RECENT, StreamState
 
 
 @dataclass(frozen=True)

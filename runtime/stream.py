@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from runtime.errors import C2WUserError, check_shape
-from runtime.units import DTYPE_NAMES, SPECS, ShapeKey
+from c2w.runtime.errors import C2WUserError, check_shape
+from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey
 
 KEEP_RECENT = 100     # frames kept after the prompt when a cache is trimmed
 

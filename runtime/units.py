@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from runtime.errors import C2WUserError
+from c2w.runtime.errors import C2WUserError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}

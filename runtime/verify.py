@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.engines.base import ArtifactInfo
-from runtime.manifest import Entry, Status
-from runtime.units import SPECS, ShapeKey, rel_l2
+from c2w.runtime.engines.base import ArtifactInfo
+from c2w.runtime.manifest import Entry, Status
+from c2w.runtime.units import SPECS, ShapeKey, rel_l2
 
 VERIFY_SEED = 1234        # inputs differ from the ones the artifact was exported with
 

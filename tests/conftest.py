@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporter.profile import load_profile
+from c2w.exporter.profile import load_profile
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
@@ -55,7 +55,7 @@ def seed_artifacts(src: Path, dst: Path, ids: set[str]) -> int:
     Returns how many were copied. The exporter then reuses an entry only if its identity (model
     digest, key, backend and torch versions, device, precision, weights layout) is what it would
     build now, and builds every other key."""
-    from runtime.manifest import file_problem, read_manifest, write_manifest
+    from c2w.runtime.manifest import file_problem, read_manifest, write_manifest
     try:
         m = read_manifest(src)
     except Exception:  # noqa: BLE001 - no usable directory: nothing to seed
@@ -83,9 +83,9 @@ def ort_artifacts(tmp_path_factory) -> Path:
     """small_profile() exported by the real exporter. Its keys already built by command 1 into
     artifacts/cpu are reused (export's resume) instead of built a second time: that build is
     most of a CI run's test set-up. C2W_TEST_REBUILD=1 builds every key here instead."""
-    from exporter.export import export_profile
-    from exporter.plan import make_plan, precision_weights
-    from runtime.model.weights import load_model
+    from c2w.exporter.export import export_profile
+    from c2w.exporter.plan import make_plan, precision_weights
+    from c2w.runtime.model.weights import load_model
     out = tmp_path_factory.mktemp("art") / "cpu"
     p = small_profile()
     if os.environ.get("C2W_TEST_REBUILD") != "1":
@@ -133,8 +133,8 @@ class EstimatedMemory:
 
 @pytest.fixture
 def measured_as_estimated(monkeypatch):
-    import runtime.memory
-    monkeypatch.setattr(runtime.memory, "MeasureProcess", EstimatedMemory)
+    import c2w.runtime.memory
+    monkeypatch.setattr(c2w.runtime.memory, "MeasureProcess", EstimatedMemory)
 
 
 @pytest.fixture
@@ -143,8 +143,8 @@ def recorded_parity(monkeypatch) -> list[str]:
     its manifest records, so the file checks (size, sha256) alone decide the outcome. For tests
     of those checks; a file that passes them is byte for byte the one whose parity was recorded.
     Returns the ids of the entries that reached the (skipped) parity run."""
-    import exporter.verify
+    import c2w.exporter.verify
     reached = []
-    monkeypatch.setattr(exporter.verify, "check_entry",
+    monkeypatch.setattr(c2w.exporter.verify, "check_entry",
                         lambda model, backend, out_dir, entry, device: reached.append(entry.id))
     return reached

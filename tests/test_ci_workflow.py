@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.plan import make_plan, precision_weights
-from runtime.model.weights import load_model
+from c2w.exporter.plan import make_plan, precision_weights
+from c2w.runtime.model.weights import load_model
 from tests.conftest import ROOT, THREADS, small_profile
 
 WORKFLOW = ROOT / ".github" / "workflows" / "engines.yml"

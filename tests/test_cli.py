@@ -3,7 +3,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from cli import app
+from c2w.cli import app
 
 runner = CliRunner()
 

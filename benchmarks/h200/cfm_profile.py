@@ -26,17 +26,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from exporter.backends.aoti import build_aoti  # noqa: E402
-from exporter.bench import timed  # noqa: E402
-from runtime.engines.aoti import AOTIBackend, CudaGraphed, GraphPool  # noqa: E402
-from runtime.engines.base import ArtifactInfo  # noqa: E402
-from runtime.model.config import preset  # noqa: E402
-from runtime.model.dit import Attention, parts  # noqa: E402
+from c2w.exporter.backends.aoti import build_aoti  # noqa: E402
+from c2w.exporter.bench import timed  # noqa: E402
+from c2w.runtime.engines.aoti import AOTIBackend, CudaGraphed, GraphPool  # noqa: E402
+from c2w.runtime.engines.base import ArtifactInfo  # noqa: E402
+from c2w.runtime.model.config import preset  # noqa: E402
+from c2w.runtime.model.dit import Attention, parts  # noqa: E402
 from benchmarks.h200.dit_variants import apply as apply_variants  # noqa: E402
-from runtime.model.flow import FlowModel  # noqa: E402
-from runtime.model.weights import init_random_  # noqa: E402
-from runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
-from runtime.verify import unit_weights  # noqa: E402
+from c2w.runtime.model.flow import FlowModel  # noqa: E402
+from c2w.runtime.model.weights import init_random_  # noqa: E402
+from c2w.runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
+from c2w.runtime.verify import unit_weights  # noqa: E402
 
 
 def legacy_attention_forward(self, x, att_cache):

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from exporter.bench import timed  # noqa: E402
-from runtime.model.dit import CausalConvBlock, parts  # noqa: E402
+from c2w.exporter.bench import timed  # noqa: E402
+from c2w.runtime.model.dit import CausalConvBlock, parts  # noqa: E402
 
 
 def _head(blk, x, cache):

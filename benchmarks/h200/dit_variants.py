@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from runtime.model.dit import DiT, parts  # noqa: E402
+from c2w.runtime.model.dit import DiT, parts  # noqa: E402
 
 
 def _packed_project(self, x):
@@ -75,9 +75,9 @@ def apply(dit: DiT, names: str) -> None:
 
 
 if __name__ == "__main__":      # CPU check: each variant computes the model's values
-    from runtime.model.config import TINY
-    from runtime.model.weights import init_random_
-    from runtime.units import rel_l2
+    from c2w.runtime.model.config import TINY
+    from c2w.runtime.model.weights import init_random_
+    from c2w.runtime.units import rel_l2
     g = torch.Generator().manual_seed(0)
     d, B, T, L = TINY.dit, 2, 50, 40
     args = (torch.randn(2 * B, d.in_channels, T, generator=g), torch.tensor([0.3]),

@@ -17,9 +17,9 @@ import threading
 
 import torch
 
-import runtime
-from runtime.model.weights import load_model
-from runtime.units import SPECS, EagerRunner, rel_l2
+from c2w import runtime
+from c2w.runtime.model.weights import load_model
+from c2w.runtime.units import SPECS, EagerRunner, rel_l2
 
 
 class Recorder:

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-import runtime
-from exporter.serve_bench import session_inputs
-from runtime import serving
+from c2w import runtime
+from c2w.exporter.serve_bench import session_inputs
+from c2w.runtime import serving
 
 PHASES = ("submit", "wake", "before_step", "step", "after_step", "delivery")
 

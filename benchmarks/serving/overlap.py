@@ -17,8 +17,8 @@ import time
 
 import torch
 
-import runtime
-from runtime.units import SPECS, ShapeKey
+from c2w import runtime
+from c2w.runtime.units import SPECS, ShapeKey
 
 PAIRS = [("cfm", (1, 50, 300), (1, 50, 400)), ("cfm", (1, 50, 300), (8, 50, 400)),
          ("cfm", (1, 50, 300), (32, 150, 400)), ("cfm", (8, 50, 300), (8, 50, 400))]

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import importlib
 
-from exporter.backends.base import Builder, BuildJob
-from runtime.engines import get_backend
+from c2w.exporter.backends.base import Builder, BuildJob
+from c2w.runtime.engines import get_backend
 
 _BUILDERS = {
-    "onnxruntime": ("exporter.backends.onnxruntime", "OnnxRuntimeBuilder"),
-    "aoti": ("exporter.backends.aoti", "AOTIBuilder"),
-    "tensorrt": ("exporter.backends.tensorrt", "TensorRTBuilder"),
+    "onnxruntime": ("c2w.exporter.backends.onnxruntime", "OnnxRuntimeBuilder"),
+    "aoti": ("c2w.exporter.backends.aoti", "AOTIBuilder"),
+    "tensorrt": ("c2w.exporter.backends.tensorrt", "TensorRTBuilder"),
 }
 
 

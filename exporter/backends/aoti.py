@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from exporter.backends.base import Builder, BuildJob
-from exporter.profile import check_inductor_options
-from runtime.atomic import atomic_output
-from runtime.errors import C2WUserError
-from runtime.units import CFMStepUnit, ShapeKey
-from runtime.verify import weights_layout
+from c2w.exporter.backends.base import Builder, BuildJob
+from c2w.exporter.profile import check_inductor_options
+from c2w.runtime.atomic import atomic_output
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.units import CFMStepUnit, ShapeKey
+from c2w.runtime.verify import weights_layout
 
 INDUCTOR_CONFIGS = {
     # weights are bound at load from the runtime's single shared copy (user_managed=True)

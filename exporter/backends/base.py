@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.engines.base import Backend
-from runtime.units import SPECS, ShapeKey
+from c2w.runtime.engines.base import Backend
+from c2w.runtime.units import SPECS, ShapeKey
 
 EXAMPLE_SEED = 0          # the inputs a graph is traced with (verification uses others)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.atomic import atomic_write
+from c2w.runtime.atomic import atomic_write
 
 WEIGHTS_DIR = "weights"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from exporter.backends.base import Builder, BuildJob
-from exporter.backends.onnx_export import export_onnx
-from runtime.units import SPECS
-from runtime.verify import unit_weights
+from c2w.exporter.backends.base import Builder, BuildJob
+from c2w.exporter.backends.onnx_export import export_onnx
+from c2w.runtime.units import SPECS
+from c2w.runtime.verify import unit_weights
 
 # Slack for shape-specific constant tables a graph holds beside the weights (HiFT's phase
 # interpolation, ~0.5 MB), when checking that the export stored each weight once.

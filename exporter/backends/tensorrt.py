@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from exporter.backends.base import Builder, BuildJob
-from exporter.backends.onnx_export import export_onnx
-from exporter.trt_check import Finding, check_onnx_for_tensorrt, errors
-from runtime.engines.tensorrt import FLOOR, artifact_name
-from runtime.units import SPECS, ShapeKey
+from c2w.exporter.backends.base import Builder, BuildJob
+from c2w.exporter.backends.onnx_export import export_onnx
+from c2w.exporter.trt_check import Finding, check_onnx_for_tensorrt, errors
+from c2w.runtime.engines.tensorrt import FLOOR, artifact_name
+from c2w.runtime.units import SPECS, ShapeKey
 
 ONNX_DIR = "onnx"            # beside the plans: the graphs they were built from
 DYNAMIC_DIMS = {"cfm": frozenset("BTL"), "flow_encoder": frozenset("BNC"), "hift": frozenset("B")}
@@ -95,7 +95,7 @@ class TensorRTBuilder(Builder):
         self._graph(job)
 
     def build(self, job: BuildJob) -> list[dict]:
-        from exporter.backends.tensorrt_plan import build_engine_from_onnx, profiles_for_keys
+        from c2w.exporter.backends.tensorrt_plan import build_engine_from_onnx, profiles_for_keys
         onnx_path = self._graph(job)
         bad = errors(job.findings)
         if bad:

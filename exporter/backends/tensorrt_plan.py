@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from runtime.atomic import atomic_write
-from runtime.engines.tensorrt import (
+from c2w.runtime.atomic import atomic_write
+from c2w.runtime.engines.tensorrt import (
     INSTALL_LINE, import_tensorrt, parse_version, scratch_bytes, timing_cache_name,
 )
-from runtime.errors import C2WUserError
+from c2w.runtime.errors import C2WUserError
 
 log = logging.getLogger("c2w.tensorrt")
 
@@ -258,7 +258,7 @@ def build_engine_from_onnx(onnx_path, profiles: list[dict[str, tuple[int, ...]]]
     import onnx
     import torch
 
-    from exporter.trt_check import check_onnx_for_tensorrt, dim_param_names, errors, format_findings
+    from c2w.exporter.trt_check import check_onnx_for_tensorrt, dim_param_names, errors, format_findings
 
     meta = onnx.load(str(onnx_path), load_external_data=False)
     problems = check_profiles_against_onnx(meta, profiles)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import importlib
 
-from runtime.engines.base import ArtifactInfo, Backend, Engine
-from runtime.errors import C2WUserError
+from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine
+from c2w.runtime.errors import C2WUserError
 
 _BACKENDS = {
-    "onnxruntime": ("runtime.engines.onnxruntime", "OnnxRuntimeBackend"),
-    "aoti": ("runtime.engines.aoti", "AOTIBackend"),
-    "tensorrt": ("runtime.engines.tensorrt", "TensorRTBackend"),
+    "onnxruntime": ("c2w.runtime.engines.onnxruntime", "OnnxRuntimeBackend"),
+    "aoti": ("c2w.runtime.engines.aoti", "AOTIBackend"),
+    "tensorrt": ("c2w.runtime.engines.tensorrt", "TensorRTBackend"),
 }
 NAMES = tuple(_BACKENDS)
 

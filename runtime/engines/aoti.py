@@ -29,10 +29,10 @@ from typing import Mapping, Sequence
 
 import torch
 
-from runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
-from runtime.errors import C2WUserError
-from runtime.model.dit import euler_schedule
-from runtime.units import tensor_bytes
+from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.dit import euler_schedule
+from c2w.runtime.units import tensor_bytes
 
 
 def _as_list(out) -> list[torch.Tensor]:

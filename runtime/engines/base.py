@@ -4,7 +4,7 @@ The exporter side (build an artifact from an exported program / ONNX graph) live
 `exporter/backends/`, because the serving process must never import build code.
 
 A backend module exports one subclass of `Backend`. Its SDK is imported lazily inside methods, so
-`import runtime` works with none of them installed; `require()` raises `MissingBackendError`
+`from c2w import runtime` works with none of them installed; `require()` raises `MissingBackendError`
 with the exact install line.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from runtime.errors import C2WUserError, check_shape
+from c2w.runtime.errors import C2WUserError, check_shape
 
 
 @dataclass(frozen=True)

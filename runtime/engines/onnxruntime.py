@@ -14,8 +14,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from runtime.engines.base import ArtifactInfo, Backend, Engine
-from runtime.errors import MissingBackendError
+from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine
+from c2w.runtime.errors import MissingBackendError
 
 INSTALL = "pip install onnxruntime (CPU) or onnxruntime-gpu (CUDA / TensorRT execution providers)"
 

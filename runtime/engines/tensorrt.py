@@ -8,7 +8,7 @@ one backend never run concurrently (the engine cache serialises calls on one str
 can share it. Written from the TensorRT 10.12+/11.x Python API documentation; no engine has been
 built or run by this project (docs/tensorrt.md says what was verified).
 
-`import runtime.engines.tensorrt` never imports tensorrt; `import_tensorrt()` does, on first use.
+`import c2w.runtime.engines.tensorrt` never imports tensorrt; `import_tensorrt()` does, on first use.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from runtime.engines.base import ArtifactInfo, Backend, Engine
-from runtime.errors import C2WUserError, MissingBackendError
+from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine
+from c2w.runtime.errors import C2WUserError, MissingBackendError
 
 # The TensorRT releases c2w is written for (build, load and the compatibility check's operator
 # data): the one place that says so. pyproject.toml's `trt` extra repeats the floor (a test

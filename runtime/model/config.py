@@ -10,7 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from runtime.errors import C2WUserError
+from c2w.runtime.errors import C2WUserError
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.model.config import DiTConfig, ModelConfig
+from c2w.runtime.model.config import DiTConfig, ModelConfig
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.errors import C2WUserError, check_shape
-from runtime.model.config import EncoderConfig
+from c2w.runtime.errors import C2WUserError, check_shape
+from c2w.runtime.model.config import EncoderConfig
 
 # espnet's relative positional table covers relative offsets -(MAX_POS-1) .. +(MAX_POS-1); upstream
 # builds it once for 5000 positions and never grows it in the streaming path, so neither do we.

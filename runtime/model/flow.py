@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.model.config import ModelConfig
-from runtime.model.dit import DiT, CFMSolver
-from runtime.model.encoder import ConformerEncoder
+from c2w.runtime.model.config import ModelConfig
+from c2w.runtime.model.dit import DiT, CFMSolver
+from c2w.runtime.model.encoder import ConformerEncoder
 
 NOISE_SEED = 1986
 

@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from runtime.errors import C2WUserError, check_shape
-from runtime.model.config import HiftConfig
+from c2w.runtime.errors import C2WUserError, check_shape
+from c2w.runtime.model.config import HiftConfig
 
 MEL_BINS = 80
 

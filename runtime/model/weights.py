@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.errors import C2WUserError
-from runtime.model.config import ModelConfig, preset
-from runtime.model.flow import NOISE_SEED, FlowModel
-from runtime.model.hift import HiftVocoder, hift_state_dict_from_checkpoint
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.config import ModelConfig, preset
+from c2w.runtime.model.flow import NOISE_SEED, FlowModel
+from c2w.runtime.model.hift import HiftVocoder, hift_state_dict_from_checkpoint
 
 CONFIG_FILE = "c2w_config.json"
 

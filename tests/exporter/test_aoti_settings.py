@@ -5,13 +5,13 @@ import shutil
 
 import pytest
 
-from exporter.backends import get_builder
-from exporter.backends.aoti import AOTIBuilder, aoti_compiler, inductor_overrides
-from exporter.backends.base import BuildJob
-from exporter.export import _Run, artifact_groups, new_manifest, prepare_model
-from exporter.plan import make_plan, precision_weights
-from exporter.profile import AOTISettings, load_profile, parse_profile
-from runtime.errors import C2WUserError
+from c2w.exporter.backends import get_builder
+from c2w.exporter.backends.aoti import AOTIBuilder, aoti_compiler, inductor_overrides
+from c2w.exporter.backends.base import BuildJob
+from c2w.exporter.export import _Run, artifact_groups, new_manifest, prepare_model
+from c2w.exporter.plan import make_plan, precision_weights
+from c2w.exporter.profile import AOTISettings, load_profile, parse_profile
+from c2w.runtime.errors import C2WUserError
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +113,7 @@ def test_compiler_env_overrides_the_profile_and_the_default_stays_gpp(monkeypatc
 
 
 def test_the_build_gets_the_profiles_compiler_and_the_identitys_options(monkeypatch, tmp_path):
-    from exporter.backends import aoti
+    from c2w.exporter.backends import aoti
     calls = []
     monkeypatch.setattr(aoti, "build_aoti", lambda *a: calls.append(a) or {})
     cc = tmp_path / "cc"

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from exporter.bench import bench_dir, to_markdown
-from runtime.units import SPECS
+from c2w.cli import app
+from c2w.exporter.bench import bench_dir, to_markdown
+from c2w.runtime.units import SPECS
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def bench_run(ort_artifacts, tmp_path_factory):
     """One library bench run over the session's directory, shared by the tests below: two keys,
     a B=2 streaming row whose measurement raises (a simulated CUDA out-of-memory) and then the
     B=1 28-token row. Returns (result, what it wrote, (stream rows, key rows) at every save)."""
-    import exporter.bench as bench
+    import c2w.exporter.bench as bench
     out = tmp_path_factory.mktemp("bench") / "b.json"
     saved = []
     real_write, real_row = bench.write, bench._stream_row
@@ -90,7 +90,7 @@ def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(bench_run):
 def _bench_stand_in(monkeypatch, result):
     """The CLI's bench_dir, recording its arguments and returning `result` (a real run's): the
     command is an adapter over the library function the tests above run."""
-    import exporter.bench as bench
+    import c2w.exporter.bench as bench
     calls = []
 
     def stand_in(artifact_dir, **kw):
@@ -104,8 +104,8 @@ def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
     """Streaming rows cover the schedule's chunk sizes plus those of built extra encoder keys."""
     import dataclasses
 
-    from exporter.bench import chunk_sizes
-    from runtime.manifest import read_manifest
+    from c2w.exporter.bench import chunk_sizes
+    from c2w.runtime.manifest import read_manifest
     m = read_manifest(ort_artifacts)
     assert chunk_sizes(m, 1) == [28]
     e = next(e for e in m.entries if e.id.startswith("flow_encoder-B1-"))
@@ -148,7 +148,7 @@ def test_bench_cli_writes_json_and_markdown_beside_the_artifacts_and_says_what_i
 def test_snr_and_fidelity_values():
     import torch
 
-    from exporter.bench import fidelity, snr_db
+    from c2w.exporter.bench import fidelity, snr_db
     ref = torch.ones(1000, dtype=torch.float64)
     assert snr_db(ref, ref) == float("inf")
     assert abs(snr_db(ref * 1.1, ref) - 20.0) < 1e-9            # error 0.1 of the signal -> 20 dB
@@ -161,10 +161,10 @@ def test_session_fidelity_plumbing(ort_artifacts):
     stay within the HiFT engine tolerance of it."""
     import torch
 
-    from exporter.bench import session_fidelity
-    from runtime.cache import EngineCache
-    from runtime.manifest import read_manifest
-    from runtime.model.weights import load_model
+    from c2w.exporter.bench import session_fidelity
+    from c2w.runtime.cache import EngineCache
+    from c2w.runtime.manifest import read_manifest
+    from c2w.runtime.model.weights import load_model
     m = read_manifest(ort_artifacts)
     model = load_model(m.model["spec"])
     cache = EngineCache(ort_artifacts, model)
@@ -193,10 +193,10 @@ def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
     memory (a graph pool) and 3 outside it, so each engine is credited exactly that."""
     import torch
 
-    from exporter.bench import load_memory, to_markdown
-    from runtime.cache import EngineCache
-    from runtime.manifest import read_manifest
-    from runtime.model.weights import load_model
+    from c2w.exporter.bench import load_memory, to_markdown
+    from c2w.runtime.cache import EngineCache
+    from c2w.runtime.manifest import read_manifest
+    from c2w.runtime.model.weights import load_model
     model = load_model(read_manifest(ort_artifacts).model["spec"])
     MiB = 1 << 20
     c = {"allocated": 1000 * MiB, "reserved": 1200 * MiB, "used": 1500 * MiB}
@@ -229,7 +229,7 @@ def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
 def test_timed_runs_setup_outside_the_call_once_per_rep():
     import torch
 
-    from exporter.bench import timed
+    from c2w.exporter.bench import timed
     made, got = [], []
 
     def setup():

@@ -14,15 +14,15 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-import exporter.export as ex
-from cli import app
-from exporter.budget import MEASURE_TOLERANCE, Ledger, recorded_ledger
-from exporter.export import export_profile
-from exporter.plan import make_plan, precision_weights
-from exporter.report import render, summary
-from runtime.manifest import Entry, Manifest, read_manifest
-from runtime.memory import MeasureError, MeasureProcess, measure_directory, summarize
-from runtime.model.weights import load_model
+import c2w.exporter.export as ex
+from c2w.cli import app
+from c2w.exporter.budget import MEASURE_TOLERANCE, Ledger, recorded_ledger
+from c2w.exporter.export import export_profile
+from c2w.exporter.plan import make_plan, precision_weights
+from c2w.exporter.report import render, summary
+from c2w.runtime.manifest import Entry, Manifest, read_manifest
+from c2w.runtime.memory import MeasureError, MeasureProcess, measure_directory, summarize
+from c2w.runtime.model.weights import load_model
 from tests.conftest import EXPORTED, EstimatedMemory, seed_artifacts, small_profile
 
 runner = CliRunner()
@@ -191,14 +191,14 @@ def test_merge_holds_the_budget_of_the_whole_and_verify_measures_it(measured, tm
 
 
 def test_a_key_whose_measurement_fails_is_failed_and_the_export_exits_1(measured, tmp_path, monkeypatch):
-    import runtime.memory
+    import c2w.runtime.memory
 
     class FailsOnHift(EstimatedMemory):
         def add(self, entry):
             if entry.id == HIFT58:
-                raise runtime.memory.MeasureError("the engine's load crashed (stand-in)")
+                raise c2w.runtime.memory.MeasureError("the engine's load crashed (stand-in)")
             return {"bytes": entry.device_bytes or 0, "shared": {}}
-    monkeypatch.setattr(runtime.memory, "MeasureProcess", FailsOnHift)
+    monkeypatch.setattr(c2w.runtime.memory, "MeasureProcess", FailsOnHift)
     d = _copy(measured, tmp_path)
     res = export_profile(_profile(90 * MiB), d)
     e = read_manifest(d).by_id()[HIFT58]

@@ -7,15 +7,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli import app
-from exporter.export import export_profile
-from exporter.plan import make_plan, precision_weights, stream_keys
-from exporter.profile import Precision
-from exporter.report import plot, render
-from exporter.verify import verify_directory
-from runtime.manifest import FORMAT_VERSION, read_manifest
-from runtime.model.weights import load_model
-from runtime.units import ShapeKey
+from c2w.cli import app
+from c2w.exporter.export import export_profile
+from c2w.exporter.plan import make_plan, precision_weights, stream_keys
+from c2w.exporter.profile import Precision
+from c2w.exporter.report import plot, render
+from c2w.exporter.verify import verify_directory
+from c2w.runtime.manifest import FORMAT_VERSION, read_manifest
+from c2w.runtime.model.weights import load_model
+from c2w.runtime.units import ShapeKey
 from tests.conftest import fewer_layers, small_profile
 
 runner = CliRunner()
@@ -105,10 +105,10 @@ def test_verify_passes_and_catches_a_tampered_graph(artifacts_copy, request):
 def fewer_layers_checkpoint(directory) -> str:
     """random:tiny with fewer repeated layers (tests.conftest.fewer_layers) as a checkpoint
     directory (flow.pt, hift.pt, c2w_config.json): a model spec the exporter loads like any."""
-    from runtime.model.config import TINY
-    from runtime.model.flow import FlowModel
-    from runtime.model.hift import HiftVocoder
-    from runtime.model.weights import init_random_
+    from c2w.runtime.model.config import TINY
+    from c2w.runtime.model.flow import FlowModel
+    from c2w.runtime.model.hift import HiftVocoder
+    from c2w.runtime.model.weights import init_random_
     cfg = fewer_layers(TINY)
     flow, hift = FlowModel(cfg), HiftVocoder(cfg.hift)
     init_random_(flow, 0)
@@ -128,7 +128,7 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     estimate here: any room left would build more keys). The model has fewer repeated layers than
     random:tiny: the C++ Inductor generates and compiles grows with the node count, and a repeated
     layer adds nodes, not kinds of nodes."""
-    from exporter.backends.aoti import static_libstdcxx_objects
+    from c2w.exporter.backends.aoti import static_libstdcxx_objects
     p = dataclasses.replace(small_profile(), model=fewer_layers_checkpoint(tmp_path / "model"))
     model = load_model(p.model)
     weights = precision_weights(model, p)
@@ -149,9 +149,9 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     assert cfm.extra["cfm_step"] is True
     # the package records the layout of the weights it binds by pointer (the DiT's tap-major conv
     # weights), and refuses the same values in another layout
-    from runtime.engines.aoti import AOTIBackend
-    from runtime.units import SPECS
-    from runtime.verify import artifact_info, unit_weights
+    from c2w.runtime.engines.aoti import AOTIBackend
+    from c2w.runtime.units import SPECS
+    from c2w.runtime.verify import artifact_info, unit_weights
     strides = cfm.extra["constant_strides"]
     assert strides and all(".conv.block." in fqn for fqn in strides)
     weights = unit_weights(SPECS["cfm"].build(model, keys[1]))
@@ -165,9 +165,9 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
 def test_aoti_inductor_overrides_and_identity(monkeypatch):
     """C2W_AOTI_INDUCTOR adds Inductor configs to AOTI builds, and an artifact built with other
     overrides is not reused (its identity differs); junk in the variable is a user error."""
-    from exporter.backends.aoti import inductor_overrides
-    from runtime.errors import C2WUserError
-    from runtime.manifest import entry_identity
+    from c2w.exporter.backends.aoti import inductor_overrides
+    from c2w.runtime.errors import C2WUserError
+    from c2w.runtime.manifest import entry_identity
     monkeypatch.delenv("C2W_AOTI_INDUCTOR", raising=False)
     assert inductor_overrides() == {}
     monkeypatch.setenv("C2W_AOTI_INDUCTOR", '{"combo_kernels": true}')
@@ -253,7 +253,7 @@ def test_unreadable_manifest_is_one_line_and_exit_2_in_every_command(tmp_path, d
 def test_plan_dry_run_and_export_pick_the_same_keys_for_fp16(tmp_path):
     """The exporter's model is already cast to fp16 when it counts weight bytes: they must not
     be halved a second time (h100: 59 keys in plan, 53 in the dry run)."""
-    from exporter.plan import weight_bytes
+    from c2w.exporter.plan import weight_bytes
     model = load_model("random:tiny")
     fp16 = dataclasses.replace(small_profile(), precision=Precision(flow_encoder="float16", cfm="float16"))
     w = precision_weights(model, fp16)
@@ -314,7 +314,7 @@ def test_verify_on_cuda_without_cuda_is_one_line(ort_artifacts):
 
 def _stop_after(monkeypatch, n_keys: int, stop):
     """Build the first n_keys artifacts for real, then call stop() when the next one starts."""
-    import exporter.export as ex
+    import c2w.exporter.export as ex
     real, calls = ex._build_group, []
 
     def build(*a, **kw):
@@ -349,7 +349,7 @@ def test_disk_full_mid_export_is_one_line_keeps_what_was_built_and_no_temporarie
     import errno
     import os
 
-    import runtime.atomic as atomic
+    import c2w.runtime.atomic as atomic
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -368,7 +368,7 @@ def test_read_only_directory_is_one_line(tmp_path, monkeypatch):
     import errno
     import os
 
-    import runtime.atomic as atomic
+    import c2w.runtime.atomic as atomic
 
     def read_only(path, flags, mode=0o777):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
@@ -404,8 +404,8 @@ def test_a_budget_that_fits_no_key_fails_the_export_and_says_why(tmp_path):
 
 
 def test_dry_run_says_up_front_what_it_will_write(tmp_path, monkeypatch):
-    import exporter.export as ex
-    from runtime.errors import C2WUserError
+    import c2w.exporter.export as ex
+    from c2w.runtime.errors import C2WUserError
 
     def stop(*a, **kw):
         raise C2WUserError("stop", "-", "-")

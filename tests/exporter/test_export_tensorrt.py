@@ -22,17 +22,17 @@ import numpy as np
 import pytest
 import torch
 
-import exporter.backends.tensorrt as tensorrt_builder
-import exporter.backends.tensorrt_plan as tensorrt_plan
-import exporter.export as ex
-import runtime.memory
-from exporter.backends import get_builder
-from exporter.export import ExportInterrupted, artifact_groups, export_profile
-from exporter.plan import make_plan, precision_weights
-from runtime.engines.base import Engine
-from runtime.engines.tensorrt import TensorRTBackend
-from runtime.manifest import read_manifest
-from runtime.model.weights import load_model
+import c2w.exporter.backends.tensorrt as tensorrt_builder
+import c2w.exporter.backends.tensorrt_plan as tensorrt_plan
+import c2w.exporter.export as ex
+import c2w.runtime.memory
+from c2w.exporter.backends import get_builder
+from c2w.exporter.export import ExportInterrupted, artifact_groups, export_profile
+from c2w.exporter.plan import make_plan, precision_weights
+from c2w.runtime.engines.base import Engine
+from c2w.runtime.engines.tensorrt import TensorRTBackend
+from c2w.runtime.manifest import read_manifest
+from c2w.runtime.model.weights import load_model
 from tests.conftest import EstimatedMemory, small_profile
 from tests.exporter.test_trt_graphs import assert_clean_variant_graph
 
@@ -122,7 +122,7 @@ def fake_tensorrt(monkeypatch, graph_export):
     monkeypatch.setattr(TensorRTBackend, "load", load)
     # what TensorRT holds is not measured here: each key costs its estimate (a stand-in engine
     # in another process would not exist there)
-    monkeypatch.setattr(runtime.memory, "MeasureProcess", EstimatedMemory)
+    monkeypatch.setattr(c2w.runtime.memory, "MeasureProcess", EstimatedMemory)
     return faults
 
 

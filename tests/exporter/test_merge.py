@@ -5,8 +5,8 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from runtime.manifest import read_manifest
+from c2w.cli import app
+from c2w.runtime.manifest import read_manifest
 
 runner = CliRunner()
 

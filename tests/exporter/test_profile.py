@@ -2,9 +2,9 @@
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from exporter.profile import BUNDLED, load_profile, resolve_profile_path
-from runtime.errors import C2WUserError
+from c2w.cli import app
+from c2w.exporter.profile import BUNDLED, load_profile, resolve_profile_path
+from c2w.runtime.errors import C2WUserError
 
 runner = CliRunner()
 

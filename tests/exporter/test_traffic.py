@@ -6,15 +6,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli import app
-from exporter.bench import bench_traffic, calibration
-from exporter.flops import unit_flops
-from exporter.plan import make_plan, precision_weights
-from exporter.profile import Traffic, load_profile, parse_profile
-from exporter.traffic import key_timings, session_calls, usage
-from runtime.errors import C2WUserError
-from runtime.model.weights import load_model
-from runtime.units import ShapeKey
+from c2w.cli import app
+from c2w.exporter.bench import bench_traffic, calibration
+from c2w.exporter.flops import unit_flops
+from c2w.exporter.plan import make_plan, precision_weights
+from c2w.exporter.profile import Traffic, load_profile, parse_profile
+from c2w.exporter.traffic import key_timings, session_calls, usage
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.weights import load_model
+from c2w.runtime.units import ShapeKey
 from tests.conftest import small_profile
 
 runner = CliRunner()
@@ -113,11 +113,11 @@ def test_unit_flops_match_torch_flop_counter():
     """The planner's FLOPs formulas against torch's counter, run on the tiny model on the meta
     device (shapes only)."""
     from torch.utils.flop_counter import FlopCounterMode
-    from runtime.model.config import preset
-    from runtime.model.flow import FlowModel
-    from runtime.model.hift import HiftVocoder
-    from runtime.model.weights import Code2Wav
-    from runtime.units import SPECS
+    from c2w.runtime.model.config import preset
+    from c2w.runtime.model.flow import FlowModel
+    from c2w.runtime.model.hift import HiftVocoder
+    from c2w.runtime.model.weights import Code2Wav
+    from c2w.runtime.units import SPECS
     cfg = preset("tiny")
     with torch.device("meta"):
         model = Code2Wav(cfg, FlowModel(cfg), HiftVocoder(cfg.hift), "meta", "")

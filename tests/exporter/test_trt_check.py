@@ -7,11 +7,11 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from exporter.trt_check import (
+from c2w.exporter.trt_check import (
     OP_SUPPORT, Finding, check_onnx_for_tensorrt, errors, format_findings, initializer_bytes,
     max_opset_for,
 )
-from runtime.errors import C2WUserError
+from c2w.runtime.errors import C2WUserError
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=20, functions=(), value_info=()):

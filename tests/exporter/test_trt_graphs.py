@@ -13,13 +13,13 @@ import math
 import pytest
 import torch
 
-from exporter.backends.tensorrt import DYNAMIC_DIMS, graph_variant, variant_onnx
-from exporter.trt_check import dim_param_names, errors, format_findings
-from runtime.model.config import FULL
-from runtime.model.flow import FlowModel
-from runtime.model.hift import HiftVocoder
-from runtime.model.weights import Code2Wav, init_random_
-from runtime.units import ShapeKey
+from c2w.exporter.backends.tensorrt import DYNAMIC_DIMS, graph_variant, variant_onnx
+from c2w.exporter.trt_check import dim_param_names, errors, format_findings
+from c2w.runtime.model.config import FULL
+from c2w.runtime.model.flow import FlowModel
+from c2w.runtime.model.hift import HiftVocoder
+from c2w.runtime.model.weights import Code2Wav, init_random_
+from c2w.runtime.units import ShapeKey
 from tests.conftest import fewer_layers
 
 CFG = dataclasses.replace(fewer_layers(FULL), n_timesteps=2)

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.engines.aoti import GRAPH_MAX_BYTES, AOTIBackend, graph_inputs, nbytes
-from runtime.engines.base import ArtifactInfo
-from runtime.model.config import preset
-from runtime.units import SPECS, ShapeKey
+from c2w.runtime.engines.aoti import GRAPH_MAX_BYTES, AOTIBackend, graph_inputs, nbytes
+from c2w.runtime.engines.base import ArtifactInfo
+from c2w.runtime.model.config import preset
+from c2w.runtime.units import SPECS, ShapeKey
 
 CUDA = torch.device("cuda")
 
@@ -55,7 +55,7 @@ def test_graph_size_policy(component, dims, dtype, graphed):
     ("", False, False), (" ", None, True),                          # blank counts as unset
 ])
 def test_graph_capture_setting_precedence(monkeypatch, env, requested, graphs):
-    from runtime.engines.aoti import cuda_graphs_setting
+    from c2w.runtime.engines.aoti import cuda_graphs_setting
     if env is None:
         monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS", raising=False)
     else:
@@ -66,8 +66,8 @@ def test_graph_capture_setting_precedence(monkeypatch, env, requested, graphs):
 
 
 def test_graph_capture_setting_errors(monkeypatch):
-    from runtime.engines.aoti import cuda_graphs_setting
-    from runtime.errors import C2WUserError
+    from c2w.runtime.engines.aoti import cuda_graphs_setting
+    from c2w.runtime.errors import C2WUserError
     monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "false")
     with pytest.raises(C2WUserError, match=r"environment variable C2W_AOTI_CUDA_GRAPHS: received 'false'; expected "
                                            r"'0' \(no CUDA graphs\) or '1'\. Or unset it"):
@@ -78,7 +78,7 @@ def test_graph_capture_setting_errors(monkeypatch):
 
 
 def test_get_backend_passes_the_graph_option_to_backends_that_capture(monkeypatch):
-    from runtime.engines import get_backend
+    from c2w.runtime.engines import get_backend
     monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS", raising=False)
     assert get_backend("aoti").cuda_graphs is True
     assert get_backend("aoti", cuda_graphs=False).cuda_graphs is False
@@ -89,8 +89,8 @@ def test_get_backend_passes_the_graph_option_to_backends_that_capture(monkeypatc
 
 def aoti_directory(tmp_path) -> Path:
     """An AOTI artifact directory with nothing built: enough for the cache to open its backend."""
-    from runtime.manifest import Manifest, write_manifest
-    from runtime.model.weights import load_model
+    from c2w.runtime.manifest import Manifest, write_manifest
+    from c2w.runtime.model.weights import load_model
     model = load_model("random:tiny")
     write_manifest(tmp_path, Manifest(
         profile={"name": "t"}, model={"spec": "random:tiny", "digest": model.digest}, backend={"name": "aoti",
@@ -104,8 +104,8 @@ def aoti_directory(tmp_path) -> Path:
 def test_runtime_load_passes_the_graph_option_to_every_engine_cache(monkeypatch, tmp_path, env, requested, graphs):
     """runtime.load(..., cuda_graphs=) reaches the backend that loads the engines, and the
     replicas a stream server runs its lanes with (C2W_AOTI_CUDA_GRAPHS still overrides it)."""
-    import runtime
-    from runtime.errors import C2WUserError
+    from c2w import runtime
+    from c2w.runtime.errors import C2WUserError
     if env is None:
         monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS", raising=False)
     else:
@@ -124,7 +124,7 @@ def test_a_pool_whose_graphs_are_all_gone_is_replaced(monkeypatch):
     """PyTorch releases a graph pool once its last graph is destroyed, and a later capture into
     the same handle trips an internal assert (`use_count > 0`: the exporter's second verified
     key on the H200). The backend hands out a new pool then, and keeps sharing a live one."""
-    from runtime.engines import aoti
+    from c2w.runtime.engines import aoti
     handles = iter(range(100))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
     monkeypatch.setattr(torch.cuda, "Event", lambda: None)
@@ -148,7 +148,7 @@ def test_releasing_an_engine_retires_its_pool(monkeypatch):
     a GPU; the graph object is built around it.)"""
     import weakref
 
-    from runtime.engines.aoti import AOTIEngine, CudaGraphed, EulerReplay
+    from c2w.runtime.engines.aoti import AOTIEngine, CudaGraphed, EulerReplay
     handles = iter(range(100))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
     monkeypatch.setattr(torch.cuda, "Event", lambda: None)
@@ -178,9 +178,9 @@ def test_weights_in_another_layout_than_the_build_are_refused():
     """AOTI binds shared weights by pointer: a weight whose strides differ from the build's would
     be read in the wrong order, so loading refuses it (a package built before the DiT's conv
     weights were stored tap-major must not bind the tap-major tensors, nor the reverse)."""
-    from runtime.engines.aoti import check_layout
-    from runtime.model.dit import CausalConvBlock
-    from runtime.verify import weights_layout
+    from c2w.runtime.engines.aoti import check_layout
+    from c2w.runtime.model.dit import CausalConvBlock
+    from c2w.runtime.verify import weights_layout
     blk = CausalConvBlock(8)
     built = weights_layout(blk)
     assert sorted(built) == ["block.1.weight", "block.6.weight"] and built["block.1.weight"] == [24, 1, 8]

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from runtime import atomic
-from runtime.atomic import atomic_write
+from c2w.runtime import atomic
+from c2w.runtime.atomic import atomic_write
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_exported_artifacts_are_readable_by_other_accounts(ort_artifacts):
 
 
 def test_atomic_output_replaces_only_on_success(tmp_path):
-    from runtime.atomic import atomic_output
+    from c2w.runtime.atomic import atomic_output
     target = tmp_path / "p.pt2"
     target.write_bytes(b"old")
     with atomic_output(target) as tmp:

@@ -9,14 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-import runtime.memory
-from exporter.export import export_profile, prepare_model
-from exporter.plan import make_plan, precision_weights
-from exporter.profile import Precision
-from runtime.engines.aoti import AOTIBackend
-from runtime.manifest import read_manifest
-from runtime.units import SPECS, ShapeKey, rel_l2
-from runtime.verify import artifact_info, entry_key, unit_weights
+import c2w.runtime.memory
+from c2w.exporter.export import export_profile, prepare_model
+from c2w.exporter.plan import make_plan, precision_weights
+from c2w.exporter.profile import Precision
+from c2w.runtime.engines.aoti import AOTIBackend
+from c2w.runtime.manifest import read_manifest
+from c2w.runtime.units import SPECS, ShapeKey, rel_l2
+from c2w.runtime.verify import artifact_info, entry_key, unit_weights
 from tests.conftest import EstimatedMemory, small_profile
 from tests.exporter.test_export import fewer_layers_checkpoint
 
@@ -40,7 +40,7 @@ def cuda_aoti(tmp_path_factory):
     est = sum(e.est_bytes for e in make_plan(model.cfg, p, weights).entries if e.key in KEYS)
     p = dataclasses.replace(p, budget_bytes=sum(weights.values()) + est)   # room for KEYS only
     with pytest.MonkeyPatch.context() as mp:   # each key measures its estimate (conftest.EstimatedMemory)
-        mp.setattr(runtime.memory, "MeasureProcess", EstimatedMemory)
+        mp.setattr(c2w.runtime.memory, "MeasureProcess", EstimatedMemory)
         export_profile(p, tmp / "aoti")
     return model, tmp / "aoti"
 

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.engines.base import ArtifactInfo, Engine
-from runtime.errors import C2WUserError
+from c2w.runtime.engines.base import ArtifactInfo, Engine
+from c2w.runtime.errors import C2WUserError
 
 
 class _Echo(Engine):

@@ -7,11 +7,11 @@ import threading
 import pytest
 import torch
 
-import runtime
-from runtime.manifest import read_manifest
-from runtime.model.weights import load_model
-from runtime.stream import StreamDriver
-from runtime.units import EagerRunner, rel_l2
+from c2w import runtime
+from c2w.runtime.manifest import read_manifest
+from c2w.runtime.model.weights import load_model
+from c2w.runtime.stream import StreamDriver
+from c2w.runtime.units import EagerRunner, rel_l2
 
 TOL = 5e-3     # engine vs eager on the PCM: the HiFT bound (see runtime/units.py), fp32
 
@@ -137,9 +137,9 @@ def test_threads_get_their_own_streams(ort_artifacts):
 def test_runtime_imports_without_exporter_or_backends():
     import subprocess
     import sys
-    code = ("import sys; sys.modules['onnxruntime'] = None; sys.modules['tensorrt'] = None; import runtime; "
-            "from runtime.engines import get_backend; get_backend('tensorrt'); "
-            "assert not any(m.startswith('exporter') for m in sys.modules), 'runtime imported exporter'")
+    code = ("import sys; sys.modules['onnxruntime'] = None; sys.modules['tensorrt'] = None; from c2w import runtime; "
+            "from c2w.runtime.engines import get_backend; get_backend('tensorrt'); "
+            "assert not any(m.startswith('c2w.exporter') for m in sys.modules), 'runtime imported exporter'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -147,7 +147,7 @@ def test_runtime_imports_without_exporter_or_backends():
 def test_rel_l2_in_slices_equals_the_whole(monkeypatch):
     """rel_l2 accumulates float64 sums over slices (no float64 copy of a multi-GB cache); the
     result does not depend on the slice size."""
-    import runtime.units as units
+    import c2w.runtime.units as units
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(3, 1001, generator=g), torch.randn(3, 1001, generator=g)
     want = ((a.double() - b.double()).norm() / b.double().norm()).item()

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-import runtime
-from runtime.errors import C2WUserError
-from runtime.serving import plan_batches
-from runtime.slots import ServerFullError
-from runtime.units import EagerRunner, ShapeKey, rel_l2
+from c2w import runtime
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.serving import plan_batches
+from c2w.runtime.slots import ServerFullError
+from c2w.runtime.units import EagerRunner, ShapeKey, rel_l2
 from tests.conftest import small_profile
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ SETUP_B1 = [ShapeKey("flow_encoder", (1, 53, 0, 0), "float32"), ShapeKey("cfm", 
 def serve_dir(ort_artifacts, tmp_path_factory):
     """The session's B=1 artifacts (reused by the resumable export) plus the B=1 prompt set-up
     keys and B=3 steady keys."""
-    from exporter.export import export_profile
+    from c2w.exporter.export import export_profile
     out = tmp_path_factory.mktemp("serve") / "cpu"
     shutil.copytree(ort_artifacts, out)
     res = export_profile(dataclasses.replace(small_profile(setup_keys=True), extra_keys=tuple(STEADY_B3)), out)
@@ -553,7 +553,7 @@ def test_a_scheduler_bug_fails_waiting_callers_instead_of_hanging_them(rt, monke
 def test_serving_benchmark_counts_every_chunk_and_paces_clients(serve_dir):
     """`c2w bench --serve` on the tiny artifacts, clients paced at 200 tokens/s: every chunk
     arrives once with its length and sampled streams equal their solo runs."""
-    from exporter.serve_bench import bench_serving, to_markdown
+    from c2w.exporter.serve_bench import bench_serving, to_markdown
     res = bench_serving(serve_dir, concurrency=[2], steady_chunks=1, stagger_ms=5, token_rate=200.0,
                         check_streams=1, reps=1)
     assert [r["N"] for r in res["levels"]] == [2] and res["token_rate"] == 200.0
@@ -567,7 +567,7 @@ def test_paced_client_submits_no_chunk_before_its_tokens_exist():
     """A paced client (token_rate r) submits chunk j >= 1 no earlier than r tokens per second
     after its first chunk allows; the first chunk goes as soon as the prompt is ready."""
     from concurrent.futures import Future
-    from exporter.serve_bench import _client
+    from c2w.exporter.serve_bench import _client
 
     def done(value):
         f = Future()

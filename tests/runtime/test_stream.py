@@ -24,10 +24,10 @@ from cosyvoice2.flow.flow_matching import CausalConditionalCFM
 from cosyvoice2.transformer.upsample_encoder_v2 import UpsampleConformerEncoderV2
 from flashcosyvoice.modules.hifigan import ConvRNNF0Predictor, HiFTGenerator
 
-from runtime.errors import C2WUserError
-from runtime.model.weights import init_random_, load_model
-from runtime.stream import StreamDriver
-from runtime.units import EagerRunner, rel_l2
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.weights import init_random_, load_model
+from c2w.runtime.stream import StreamDriver
+from c2w.runtime.units import EagerRunner, rel_l2
 
 pytestmark = pytest.mark.oracle
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-import runtime.engines.tensorrt as rt
-from exporter.backends import tensorrt_plan as bt
-from runtime.engines.base import ArtifactInfo
-from runtime.errors import C2WUserError, MissingBackendError
+import c2w.runtime.engines.tensorrt as rt
+from c2w.exporter.backends import tensorrt_plan as bt
+from c2w.runtime.engines.base import ArtifactInfo
+from c2w.runtime.errors import C2WUserError, MissingBackendError
 
 PIP = 'pip install --extra-index-url https://pypi.nvidia.com "tensorrt>=10.12"'
 
@@ -46,8 +46,8 @@ def _cfm_inputs(B, T, L):
 def test_modules_import_without_tensorrt():
     # A fresh interpreter where `import tensorrt` fails: importing the adapter must not touch it.
     code = ("import sys; sys.modules['tensorrt'] = None; "
-            "import runtime.engines.tensorrt, exporter.backends.tensorrt, exporter.backends.tensorrt_plan, "
-            "exporter.trt_check; "
+            "import c2w.runtime.engines.tensorrt, c2w.exporter.backends.tensorrt, c2w.exporter.backends.tensorrt_plan, "
+            "c2w.exporter.trt_check; "
             "print(sys.modules['tensorrt'])")
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
@@ -206,7 +206,7 @@ def test_backend_protocol_fields():
 def test_the_version_floor_is_declared_once():
     """runtime.engines.tensorrt says which TensorRT c2w supports; the install line, the check's
     operator data and the package's `trt` extra follow it."""
-    from exporter import trt_check
+    from c2w.exporter import trt_check
     assert rt.INSTALL_LINE == PIP and rt.FLOOR == "10.12"
     assert trt_check.parse_trt_version(rt.FLOOR) == rt.MIN_VERSION
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()

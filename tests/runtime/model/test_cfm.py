@@ -10,10 +10,10 @@ pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
 from cosyvoice2.flow.decoder_dit import DiT as OracleDiT
 from cosyvoice2.flow.flow_matching import CausalConditionalCFM
 
-from runtime.model.config import FULL, TINY
-from runtime.model.dit import SHIFTED_GEMM_ROWS, CausalConvBlock, DiT, CFMSolver, euler_schedule
-from runtime.model.weights import init_random_
-from runtime.units import rel_l2
+from c2w.runtime.model.config import FULL, TINY
+from c2w.runtime.model.dit import SHIFTED_GEMM_ROWS, CausalConvBlock, DiT, CFMSolver, euler_schedule
+from c2w.runtime.model.weights import init_random_
+from c2w.runtime.units import rel_l2
 
 pytestmark = pytest.mark.oracle
 

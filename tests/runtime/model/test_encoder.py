@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from runtime.errors import C2WUserError
-from runtime.model.config import FULL, TINY, EncoderConfig
-from runtime.model.encoder import MAX_POS, ConformerEncoder
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.config import FULL, TINY, EncoderConfig
+from c2w.runtime.model.encoder import MAX_POS, ConformerEncoder
 
 upstream = pytest.importorskip("cosyvoice2.transformer.upsample_encoder_v2")
 

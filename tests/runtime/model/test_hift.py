@@ -21,9 +21,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.errors import C2WUserError
-from runtime.model.config import FULL, TINY, HiftConfig
-from runtime.model.hift import (HiftVocoder, _prefix_sum_f32, _upsample_phase,
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.config import FULL, TINY, HiftConfig
+from c2w.runtime.model.hift import (HiftVocoder, _prefix_sum_f32, _upsample_phase,
                                 hift_state_dict_from_checkpoint)
 
 hifigan = pytest.importorskip("flashcosyvoice.modules.hifigan")
@@ -349,9 +349,9 @@ def test_verification_inputs_keep_tf32_noise_within_the_engine_tolerance(monkeyp
     move by 2.5e-2 (and fail closed on the H200); at the real scale it moves by ~3.4e-3."""
     import types
 
-    from runtime.model.weights import init_random_
-    from runtime.units import SOURCE_STD, SPECS, ShapeKey, rel_l2
-    from runtime.verify import VERIFY_SEED
+    from c2w.runtime.model.weights import init_random_
+    from c2w.runtime.units import SOURCE_STD, SPECS, ShapeKey, rel_l2
+    from c2w.runtime.verify import VERIFY_SEED
     hift = HiftVocoder(FULL.hift)
     init_random_(hift, 1)                  # random:full's HiFT (load_model seeds it with the seed + 1)
     model = types.SimpleNamespace(cfg=FULL, hift=hift.eval())       # what the HiFT unit reads

@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from runtime.errors import C2WUserError
-from runtime.model.weights import load_model
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.weights import load_model
 
 
 def test_random_is_seeded_and_digest_tracks_weights():
