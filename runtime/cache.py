@@ -115,7 +115,7 @@ class EngineCache:
                 self._entries[entry_key(e)] = e
 
     def _shared_weights(self, key: ShapeKey) -> dict:
-        k = (key.component, key.dims[3] if key.component == "flow_encoder" else 0)
+        k = SPECS[key.component].module_key(key)      # keys of one unit module share its weights
         if k not in self._weights:
             self._weights[k] = unit_weights(self.eager.unit(key))
         return self._weights[k]

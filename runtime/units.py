@@ -8,7 +8,7 @@ nothing else special-cases a component.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -40,6 +40,14 @@ class ShapeKey:
 
     def dim(self, name: str) -> int:
         return self.dims[SPECS[self.component].dim_names.index(name)]
+
+    @classmethod
+    def named(cls, component: str, dtype: str, **dims: int) -> "ShapeKey":
+        """A key from its dims by name, e.g. ShapeKey.named("cfm", "float32", B=1, T=50, L=100)."""
+        names = spec(component).dim_names
+        if set(dims) != set(names):
+            raise C2WUserError(f"dims of a {component} key", sorted(dims), f"exactly the names {list(names)}")
+        return cls(component, tuple(int(dims[n]) for n in names), dtype)
 
     def with_dims(self, **values: int) -> "ShapeKey":
         """The same key with the named dims replaced, e.g. key.with_dims(B=2)."""
@@ -119,6 +127,15 @@ class HiftUnit(nn.Module):
 
 
 @dataclass(frozen=True)
+class ExportVariant:
+    """What a backend that replays steps (AOTI) compiles instead of the whole unit, and what the
+    runtime needs to know to replay it (runtime.engines.aoti reads the manifest extra)."""
+    build: Callable[[object], nn.Module]                                    # (Code2Wav) -> module
+    inputs: Callable[[object, list[torch.Tensor]], list[torch.Tensor]]      # (cfg, the unit's inputs)
+    extra: Callable[[object], dict]                                         # (cfg) -> manifest extra
+
+
+@dataclass(frozen=True)
 class UnitSpec:
     name: str
     dim_names: tuple[str, ...]
@@ -128,6 +145,29 @@ class UnitSpec:
     input_dtypes: Callable[[ShapeKey], tuple[torch.dtype, ...]]
     build: Callable[[object, ShapeKey], nn.Module]                          # (Code2Wav, key)
     rtol: dict                                                              # dtype name -> rel-L2 bound
+    # dims whose value selects a different unit module (keys differing only in others share one)
+    module_dims: tuple[str, ...] = ()
+    export_variant: ExportVariant | None = None
+    # dims an exported graph may leave dynamic, with the (min, max) it accepts; the others are static
+    dynamic_dims: dict = field(default_factory=dict)                        # dim name -> (min, max)
+    # (key, {dim name: dim object}) -> {input name: {axis: dim or expression of dims}}
+    dynamic_axes: Callable[[ShapeKey, dict], dict] = lambda k, d: {}
+    # keys of one graph variant share input names, ranks and static dims: one graph serves them
+    graph_variant: Callable[[ShapeKey], str] = lambda k: k.component
+
+    def module_key(self, key: ShapeKey) -> tuple:
+        """Keys with equal module keys are served by one unit module (and one set of weights)."""
+        return (key.component,) + tuple(key.dim(n) for n in self.module_dims)
+
+    def dynamic_shapes(self, key: ShapeKey, dims: dict) -> tuple[dict, ...]:
+        """Per input, in input order: {axis: dims[name] or an expression of them} for the axes
+        that vary between keys of the key's graph variant. `dims`: every name in dynamic_dims."""
+        axes = self.dynamic_axes(key, dims)
+        names = self.input_names(key)
+        if set(axes) - set(names):
+            raise ValueError(f"{self.name} dynamic axes for inputs {sorted(set(axes) - set(names))}: expected "
+                             f"inputs among {list(names)}")
+        return tuple(axes.get(n, {}) for n in names)
 
     def example_inputs(self, cfg, key: ShapeKey, generator: torch.Generator | None = None,
                        device="cpu") -> list[torch.Tensor]:
@@ -157,13 +197,13 @@ class UnitSpec:
 
 
 def _enc_shapes(cfg, k: ShapeKey):
-    B, N, C, _ = k.dims
+    B, N, C = k.dim("B"), k.dim("N"), k.dim("C")
     e = cfg.encoder
     return ((B, N), (B, e.width, 2 + 2 * e.up_stride), (e.blocks + e.up_blocks, B, e.heads, C, 2 * e.d_k))
 
 
 def _cfm_shapes(cfg, k: ShapeKey):
-    B, T, L = k.dims
+    B, T, L = k.dim("B"), k.dim("T"), k.dim("L")
     m, d = cfg.mel_bins, cfg.dit
     return ((B, m, T), (B, cfg.spk_embed_dim), (B, m, T), (B, m, T),
             (cfg.n_timesteps, d.depth, 2 * B, 2 * d.hidden, 2),
@@ -171,13 +211,41 @@ def _cfm_shapes(cfg, k: ShapeKey):
 
 
 def _hift_shapes(cfg, k: ShapeKey):
-    B, F, S = k.dims
+    B, F, S = k.dim("B"), k.dim("F"), k.dim("S")
     h = cfg.hift
     shapes = ((B, cfg.mel_bins, F), (B, F * h.samples_per_frame, h.nb_harmonics + 1))
     return shapes + (((B, 1, S),) if S else ())
 
 
 SOURCE_STD = 0.05     # std of the NSF source of a chunk (full model, random weights): sine_amp 0.1
+
+
+def _cfm_step_inputs(cfg, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The CFM unit's inputs -> one Euler step's: the caches of step 0, t and dt as (1,) tensors."""
+    mu, spk, cond, x0, cnn, att = inputs
+    t = torch.zeros(1, dtype=torch.float32, device=mu.device)
+    dt = torch.full((1,), 0.1, dtype=torch.float32, device=mu.device)
+    return [mu, spk, cond, x0, cnn[0].contiguous(), att[0].contiguous(), t, dt]
+
+
+BATCH_RANGE = (1, 256)      # B of a graph with a dynamic batch
+
+
+def _enc_dynamic(k: ShapeKey, d: dict) -> dict:
+    # att_cache: (layers, B, heads, C, 2 d_k)
+    return {"tokens": {0: d["B"], 1: d["N"]}, "cnn_cache": {0: d["B"]}, "att_cache": {1: d["B"], 3: d["C"]}}
+
+
+def _cfm_dynamic(k: ShapeKey, d: dict) -> dict:
+    # the estimator caches stack the conditional and unconditional (CFG) rows: 2B on axis 2
+    return {"mu": {0: d["B"], 2: d["T"]}, "spk": {0: d["B"]}, "cond": {0: d["B"], 2: d["T"]},
+            "x0": {0: d["B"], 2: d["T"]}, "cnn_cache": {2: 2 * d["B"]}, "att_cache": {2: 2 * d["B"], 4: d["L"]}}
+
+
+def _hift_dynamic(k: ShapeKey, d: dict) -> dict:
+    # HiFT's phase-interpolation tables are built for a static frame count: B varies, F does not
+    # (one graph per F: 50, 58, 158 ... a handful per profile).
+    return {n: {0: d["B"]} for n in SPECS["hift"].input_names(k)}
 
 
 # HiFT's NSF phase reaches ~1.7e5 rad at 58 frames (cumulative phase x 480 before the sine), where a
@@ -193,8 +261,12 @@ SPECS: dict[str, UnitSpec] = {
         input_names=lambda k: ("tokens", "cnn_cache", "att_cache"),
         input_shapes=_enc_shapes,
         input_dtypes=lambda k: (torch.int64, dtype_of(k.dtype), dtype_of(k.dtype)),
-        build=lambda model, k: FlowEncoderUnit(model, bool(k.dims[3])),
-        rtol=_MIXED),
+        build=lambda model, k: FlowEncoderUnit(model, bool(k.dim("last"))),
+        rtol=_MIXED,
+        module_dims=("last",),
+        dynamic_dims={"B": BATCH_RANGE, "N": (4, 512), "C": (1, 4096)},
+        dynamic_axes=_enc_dynamic,
+        graph_variant=lambda k: "flow_encoder-last" if k.dim("last") else "flow_encoder"),
     "cfm": UnitSpec(
         name="cfm", dim_names=("B", "T", "L"),
         output_names=("mel", "new_cnn_cache", "new_att_cache"),
@@ -202,15 +274,23 @@ SPECS: dict[str, UnitSpec] = {
         input_shapes=_cfm_shapes,
         input_dtypes=lambda k: (torch.float32,) * 4 + (dtype_of(k.dtype),) * 2,
         build=lambda model, k: CFMUnit(model),
-        rtol=_MIXED),
+        rtol=_MIXED,
+        # AOTI compiles one Euler step and the runtime replays it n_steps times (docs/aoti.md)
+        export_variant=ExportVariant(build=lambda model: CFMStepUnit(model), inputs=_cfm_step_inputs,
+                                     extra=lambda cfg: {"cfm_step": True, "n_steps": cfg.n_timesteps}),
+        dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
+        dynamic_axes=_cfm_dynamic),
     "hift": UnitSpec(
         name="hift", dim_names=("B", "F", "S"),
         output_names=("speech", "source"),
-        input_names=lambda k: ("mel", "noise") + (("source_cache",) if k.dims[2] else ()),
+        input_names=lambda k: ("mel", "noise") + (("source_cache",) if k.dim("S") else ()),
         input_shapes=_hift_shapes,
-        input_dtypes=lambda k: (torch.float32,) * (3 if k.dims[2] else 2),
+        input_dtypes=lambda k: (torch.float32,) * (3 if k.dim("S") else 2),
         build=lambda model, k: HiftUnit(model),
-        rtol=_HIFT),
+        rtol=_HIFT,
+        dynamic_dims={"B": BATCH_RANGE},
+        dynamic_axes=_hift_dynamic,
+        graph_variant=lambda k: f"hift-F{k.dim('F')}" + ("-cached" if k.dim("S") else "")),
 }
 
 
@@ -255,8 +335,8 @@ class EagerRunner:
         self._units: dict[tuple, nn.Module] = {}
 
     def unit(self, key: ShapeKey) -> nn.Module:
-        # Unit modules are thin wrappers; one per (component, last-chunk flag) suffices.
-        k = (key.component, key.dims[3] if key.component == "flow_encoder" else 0)
+        # Unit modules are thin wrappers; one per module key (the encoder's: per last-chunk flag).
+        k = SPECS[key.component].module_key(key)
         if k not in self._units:
             self._units[k] = SPECS[key.component].build(self.model, key).eval()
         return self._units[k]

@@ -1,0 +1,113 @@
+"""The per-component facts on the unit specs: which dims select the unit module, the export
+variant, the dynamic dims and graph variants; keys built and read by dim name."""
+import pytest
+import torch
+
+from c2w.runtime.cache import EngineCache
+from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.weights import load_model
+from c2w.runtime.units import SPECS, CFMStepUnit, EagerRunner, ShapeKey
+
+ENC = ShapeKey.named("flow_encoder", "float32", B=2, N=28, C=100, last=0)
+ENC_OTHER_CACHE = ENC.with_dims(N=13, C=200)
+ENC_LAST = ENC.with_dims(last=1)
+CFM = ShapeKey.named("cfm", "float32", B=2, T=50, L=100)
+HIFT = ShapeKey.named("hift", "float32", B=2, F=58, S=3840)
+HIFT_FIRST = HIFT.with_dims(F=50, S=0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("random:tiny")
+
+
+def test_named_key_equals_the_positional_one_and_reads_back_by_name():
+    assert ENC == ShapeKey("flow_encoder", (2, 28, 100, 0), "float32")
+    assert CFM == ShapeKey("cfm", (2, 50, 100), "float32")
+    assert HIFT == ShapeKey("hift", (2, 58, 3840), "float32")
+    assert (ENC.dim("B"), ENC.dim("N"), ENC.dim("C"), ENC.dim("last")) == (2, 28, 100, 0)
+    assert (HIFT.dim("F"), HIFT.dim("S")) == (58, 3840)
+
+
+@pytest.mark.parametrize("dims, match", [
+    ({"B": 1, "T": 50}, r"dims of a cfm key: received \['B', 'T'\].*exactly the names \['B', 'T', 'L'\]"),
+    ({"B": 1, "T": 50, "L": 0, "N": 3}, r"\['B', 'L', 'N', 'T'\].*exactly the names"),
+])
+def test_named_key_needs_exactly_the_specs_dims(dims, match):
+    with pytest.raises(C2WUserError, match=match):
+        ShapeKey.named("cfm", "float32", **dims)
+
+
+def test_named_key_of_an_unknown_component():
+    with pytest.raises(C2WUserError, match=r"component: received 'vocoder'.*one of \['cfm', 'flow_encoder', 'hift'\]"):
+        ShapeKey.named("vocoder", "float32", B=1)
+
+
+def test_module_key_names_the_dims_that_select_the_unit_module():
+    assert SPECS["flow_encoder"].module_dims == ("last",)
+    assert SPECS["cfm"].module_dims == SPECS["hift"].module_dims == ()
+    assert SPECS["flow_encoder"].module_key(ENC) == ("flow_encoder", 0)
+    assert SPECS["flow_encoder"].module_key(ENC_OTHER_CACHE) == ("flow_encoder", 0)
+    assert SPECS["flow_encoder"].module_key(ENC_LAST) == ("flow_encoder", 1)
+    assert SPECS["cfm"].module_key(CFM) == ("cfm",)
+    assert SPECS["hift"].module_key(HIFT) == SPECS["hift"].module_key(HIFT_FIRST) == ("hift",)
+
+
+def test_eager_runner_and_engine_cache_share_one_module_per_module_key(model, tmp_path):
+    runner = EagerRunner(model)
+    assert runner.unit(ENC) is runner.unit(ENC_OTHER_CACHE)
+    assert runner.unit(ENC) is not runner.unit(ENC_LAST)
+    assert (runner.unit(ENC).last_chunk, runner.unit(ENC_LAST).last_chunk) == (False, True)
+    assert runner.unit(HIFT) is runner.unit(HIFT_FIRST)
+
+    cache = EngineCache(tmp_path, model)                 # no manifest: everything eager
+    assert cache._shared_weights(ENC) is cache._shared_weights(ENC_OTHER_CACHE)
+    assert cache._shared_weights(ENC) is not cache._shared_weights(ENC_LAST)
+    assert sorted(cache._weights) == [("flow_encoder", 0), ("flow_encoder", 1)]
+
+
+def test_only_the_cfm_has_an_export_variant_one_euler_step(model):
+    assert SPECS["flow_encoder"].export_variant is None and SPECS["hift"].export_variant is None
+    variant = SPECS["cfm"].export_variant
+    cfg = model.cfg
+    assert variant.extra(cfg) == {"cfm_step": True, "n_steps": cfg.n_timesteps}
+    assert isinstance(variant.build(model), CFMStepUnit)
+    inputs = SPECS["cfm"].example_inputs(cfg, CFM)
+    step = variant.inputs(cfg, inputs)
+    assert [t.shape for t in step[:4]] == [t.shape for t in inputs[:4]]
+    assert torch.equal(step[4], inputs[4][0]) and torch.equal(step[5], inputs[5][0])   # step 0's caches
+    assert step[4].is_contiguous() and step[5].is_contiguous()
+    assert step[6].tolist() == [0.0] and step[7].tolist() == pytest.approx([0.1])       # t, dt
+
+
+def test_dynamic_dims_and_ranges_per_component():
+    assert SPECS["flow_encoder"].dynamic_dims == {"B": (1, 256), "N": (4, 512), "C": (1, 4096)}
+    assert SPECS["cfm"].dynamic_dims == {"B": (1, 256), "T": (2, 2048), "L": (1, 4096)}
+    assert SPECS["hift"].dynamic_dims == {"B": (1, 256)}     # F static: one graph per frame count
+
+
+def test_dynamic_shapes_per_input_in_input_order():
+    # plain ints stand in for torch.export Dims: 2 * B must come out as the doubled value
+    d = {"B": 3, "N": 5, "C": 7, "T": 11, "L": 13}
+    assert SPECS["flow_encoder"].dynamic_shapes(ENC, d) == ({0: 3, 1: 5}, {0: 3}, {1: 3, 3: 7})
+    assert SPECS["cfm"].dynamic_shapes(CFM, d) == (
+        {0: 3, 2: 11}, {0: 3}, {0: 3, 2: 11}, {0: 3, 2: 11}, {2: 6}, {2: 6, 4: 13})
+    assert SPECS["hift"].dynamic_shapes(HIFT, d) == ({0: 3}, {0: 3}, {0: 3})
+    assert SPECS["hift"].dynamic_shapes(HIFT_FIRST, d) == ({0: 3}, {0: 3})
+
+
+def test_dynamic_shapes_refuse_axes_of_an_input_the_key_does_not_have(monkeypatch):
+    import dataclasses
+    bad = dataclasses.replace(SPECS["cfm"], dynamic_axes=lambda k, d: {"mel": {0: d["B"]}})
+    with pytest.raises(ValueError, match=r"cfm dynamic axes for inputs \['mel'\]: expected inputs among \['mu'"):
+        bad.dynamic_shapes(CFM, {"B": 1})
+
+
+def test_graph_variants():
+    variant = {c: SPECS[c].graph_variant for c in SPECS}
+    assert variant["flow_encoder"](ENC) == variant["flow_encoder"](ENC_OTHER_CACHE) == "flow_encoder"
+    assert variant["flow_encoder"](ENC_LAST) == "flow_encoder-last"
+    assert variant["cfm"](CFM) == variant["cfm"](CFM.with_dims(B=1, T=100, L=0)) == "cfm"
+    assert variant["hift"](HIFT) == "hift-F58-cached"
+    assert variant["hift"](HIFT_FIRST) == "hift-F50"
+    assert variant["hift"](HIFT_FIRST.with_dims(B=7)) == "hift-F50"
