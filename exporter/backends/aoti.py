@@ -1,8 +1,8 @@
 """AOTInductor build side: exported program -> `.pt2` without weights (+ lifted constants file).
 
-The CFM is built as ONE Euler step (t and dt are inputs); the runtime replays it n times, on
-CUDA from one graph per step (docs/aoti.md has the measurements behind that choice). The other
-units are built whole.
+A unit whose spec has an export variant is built as that instead: the CFM as ONE Euler step (t
+and dt are inputs), which the runtime replays n times, on CUDA from one graph per step
+(docs/aoti.md has the measurements behind that choice). The other units are built whole.
 
 Settings (docs/aoti.md, "Settings"): the profile's `aoti` section, each field overridden by its
 environment variable when that is set (non-empty):
@@ -36,7 +36,7 @@ from c2w.exporter.backends.base import Builder, BuildJob
 from c2w.exporter.profile import check_inductor_options
 from c2w.runtime.atomic import atomic_output
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.units import CFMStepUnit, ShapeKey
+from c2w.runtime.units import SPECS, ShapeKey
 from c2w.runtime.verify import weights_layout
 
 INDUCTOR_CONFIGS = {
@@ -121,24 +121,18 @@ def static_libstdcxx_objects(package: Path) -> list[str]:
     return bad
 
 
-def step_inputs(cfg, key: ShapeKey, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The CFM unit's example inputs -> one Euler step's: caches of step 0, t and dt as (1,) tensors."""
-    mu, spk, cond, x0, cnn, att = inputs
-    t = torch.zeros(1, dtype=torch.float32, device=mu.device)
-    dt = torch.full((1,), 0.1, dtype=torch.float32, device=mu.device)
-    return [mu, spk, cond, x0, cnn[0].contiguous(), att[0].contiguous(), t, dt]
-
-
 def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.Tensor], path: Path,
                overrides: dict | None = None, cxx: str | None = None) -> dict:
-    """Compile `unit` (or its Euler step, for the CFM) at the inputs' exact shapes into `path`.
+    """Compile `unit` (or the spec's export variant, e.g. the CFM's Euler step) at the inputs'
+    exact shapes into `path`.
     `overrides`: Inductor configs added to the build (None: read C2W_AOTI_INDUCTOR); the exporter
     passes the ones it put in the artifact's identity. `cxx`: the compiler (None: aoti_compiler())."""
     extra = {}
-    if key.component == "cfm":
-        unit = CFMStepUnit(model).eval()
-        inputs = step_inputs(model.cfg, key, inputs)
-        extra.update(cfm_step=True, n_steps=model.cfg.n_timesteps)
+    variant = SPECS[key.component].export_variant
+    if variant is not None:
+        unit = variant.build(model).eval()
+        inputs = variant.inputs(model.cfg, inputs)
+        extra.update(variant.extra(model.cfg))
     ep = torch.export.export(unit, tuple(inputs), strict=False)
     # Constants the export lifted from tensors built in forward (HiFT's shape-specific
     # interpolation tables) have no counterpart in the eager model, and the compiled model renames
@@ -167,7 +161,8 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
 
 
 class AOTIBuilder(Builder):
-    """One `.pt2` per key (the CFM's: one Euler step), built without the shared weights."""
+    """One `.pt2` per key (the CFM's: one Euler step, its spec's export variant), built without the
+    shared weights."""
 
     def build_options(self, profile) -> dict:
         """The Inductor configs (profile's aoti.inductor_options, or C2W_AOTI_INDUCTOR): they change

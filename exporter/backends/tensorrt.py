@@ -20,32 +20,13 @@ from c2w.runtime.engines.tensorrt import FLOOR, artifact_name
 from c2w.runtime.units import SPECS, ShapeKey
 
 ONNX_DIR = "onnx"            # beside the plans: the graphs they were built from
-DYNAMIC_DIMS = {"cfm": frozenset("BTL"), "flow_encoder": frozenset("BNC"), "hift": frozenset("B")}
 
 
-def graph_variant(key: ShapeKey) -> str:
-    """Keys of one variant share input names and ranks, so they can share one plan."""
-    if key.component == "flow_encoder":
-        return "flow_encoder-last" if key.dim("last") else "flow_encoder"
-    if key.component == "hift":
-        return f"hift-F{key.dim('F')}" + ("-cached" if key.dim("S") else "")
-    return key.component
-
-
-def dynamic_shapes(key: ShapeKey):
-    """torch.export dynamic dims named after the spec's dims, for the variant's varying inputs."""
+def dynamic_shapes(key: ShapeKey) -> tuple[dict, ...]:
+    """torch.export dynamic dims, named after the spec's dims, per input of the key's variant."""
     from torch.export import Dim
-    comp = key.component
-    B = Dim("B", min=1, max=256)
-    if comp == "cfm":
-        T, L = Dim("T", min=2, max=2048), Dim("L", min=1, max=4096)
-        return ({0: B, 2: T}, {0: B}, {0: B, 2: T}, {0: B, 2: T}, {2: 2 * B}, {2: 2 * B, 4: L})
-    if comp == "flow_encoder":
-        N, C = Dim("N", min=4, max=512), Dim("C", min=1, max=4096)
-        return ({0: B, 1: N}, {0: B}, {1: B, 3: C})
-    # HiFT's phase-interpolation tables are built for a static frame count: B varies, F does not
-    # (one plan per F: 50, 58, 158 ... a handful per profile).
-    return ({0: B}, {0: B}) + (({0: B},) if key.dim("S") else ())
+    spec = SPECS[key.component]
+    return spec.dynamic_shapes(key, {n: Dim(n, min=lo, max=hi) for n, (lo, hi) in spec.dynamic_dims.items()})
 
 
 def variant_onnx(model, key: ShapeKey, name: str, onnx_dir: Path, device,
@@ -63,7 +44,7 @@ def variant_onnx(model, key: ShapeKey, name: str, onnx_dir: Path, device,
     try:
         with torch.no_grad():
             export_onnx(unit, inputs, spec.input_names(key), spec.output_names, path, dynamic_shapes=dynamic_shapes(key))
-        allow = DYNAMIC_DIMS[key.component]
+        allow = frozenset(spec.dynamic_dims)
     except Exception as exc:  # fall back to the static graph: op/dtype findings still apply
         findings.append(Finding("warning", "dynamic-export", f"{name}: dynamic-dim export failed "
                                 f"({type(exc).__name__}: {str(exc)[:200]}); checked the static graph"))
@@ -77,7 +58,7 @@ def variant_onnx(model, key: ShapeKey, name: str, onnx_dir: Path, device,
 
 class TensorRTBuilder(Builder):
     def artifact_group(self, key: ShapeKey) -> str:
-        return f"{graph_variant(key)}-{key.dtype}"
+        return f"{SPECS[key.component].graph_variant(key)}-{key.dtype}"
 
     def artifact_name(self, group: str, backend_version: str, device_name: str) -> str:
         return artifact_name(group, backend_version, device_name)

@@ -143,3 +143,40 @@ def test_identity_follows_the_inductor_options(monkeypatch, tmp_path):
     cc.write_text("#!/bin/sh\n")
     cc.chmod(0o755)
     assert first_identity(aoti_profile(cxx=str(cc)), tmp_path) == default   # the compiler is recorded, not hashed
+
+
+class _Exported(Exception):
+    pass
+
+
+@pytest.mark.parametrize("component", ["cfm", "hift"])
+def test_build_compiles_the_specs_export_variant_where_it_has_one(monkeypatch, tmp_path, component):
+    """The CFM's spec names one Euler step as its export variant: that module and its inputs are
+    what gets exported; a unit without a variant is exported whole with its own inputs."""
+    import torch
+
+    from c2w.exporter.backends.aoti import build_aoti
+    from c2w.runtime.model.weights import load_model
+    from c2w.runtime.units import SPECS, CFMStepUnit, ShapeKey
+
+    seen = []
+
+    def export(unit, args, strict):
+        seen.append((unit, args))
+        raise _Exported
+
+    monkeypatch.setattr(torch.export, "export", export)
+    model = load_model("random:tiny")
+    key = (ShapeKey.named("cfm", "float32", B=1, T=50, L=100) if component == "cfm"
+           else ShapeKey.named("hift", "float32", B=1, F=50, S=0))
+    spec = SPECS[component]
+    unit, inputs = spec.build(model, key), spec.example_inputs(model.cfg, key)
+    with pytest.raises(_Exported):
+        build_aoti(model, unit, key, inputs, tmp_path / "x.pt2", {}, "g++")
+    (got_unit, args), = seen
+    if component == "cfm":
+        assert isinstance(got_unit, CFMStepUnit) and not got_unit.training
+        assert [tuple(a.shape) for a in args] == [tuple(t.shape) for t in inputs[:4]] + [
+            tuple(inputs[4].shape[1:]), tuple(inputs[5].shape[1:]), (1,), (1,)]
+    else:
+        assert got_unit is unit and [a is t for a, t in zip(args, inputs)] == [True, True]

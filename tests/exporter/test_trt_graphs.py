@@ -13,13 +13,13 @@ import math
 import pytest
 import torch
 
-from c2w.exporter.backends.tensorrt import DYNAMIC_DIMS, graph_variant, variant_onnx
+from c2w.exporter.backends.tensorrt import variant_onnx
 from c2w.exporter.trt_check import dim_param_names, errors, format_findings
 from c2w.runtime.model.config import FULL
 from c2w.runtime.model.flow import FlowModel
 from c2w.runtime.model.hift import HiftVocoder
 from c2w.runtime.model.weights import Code2Wav, init_random_
-from c2w.runtime.units import ShapeKey
+from c2w.runtime.units import SPECS, ShapeKey
 from tests.conftest import fewer_layers
 
 CFG = dataclasses.replace(fewer_layers(FULL), n_timesteps=2)
@@ -44,19 +44,19 @@ def assert_clean_variant_graph(path, findings, component: str) -> None:
     assert not [f for f in findings if f.code == "dynamic-export"], format_findings(findings)
     g = onnx.load(str(path), load_external_data=False).graph
     names = {n for i in g.input for d in i.type.tensor_type.shape.dim for n in dim_param_names(d.dim_param)}
-    assert names <= set(DYNAMIC_DIMS[component]) and "B" in names
+    assert names <= set(SPECS[component].dynamic_dims) and "B" in names
 
 
 def test_one_key_per_graph_variant():
-    assert len({graph_variant(k) for k in KEYS}) == len(KEYS)
-    assert {k.component for k in KEYS} == set(DYNAMIC_DIMS)
+    assert len({SPECS[k.component].graph_variant(k) for k in KEYS}) == len(KEYS)
+    assert {k.component for k in KEYS} == set(SPECS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", KEYS, ids=lambda k: graph_variant(k))
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: SPECS[k.component].graph_variant(k))
 def test_graph_is_clean(model, key, tmp_path):
     import onnx
-    path, findings = variant_onnx(model, key, graph_variant(key), tmp_path, torch.device("cpu"))
+    path, findings = variant_onnx(model, key, SPECS[key.component].graph_variant(key), tmp_path, torch.device("cpu"))
     assert_clean_variant_graph(path, findings, key.component)
     info = [f for f in findings if f.code == "initializer-bytes"]
     assert info and "duplicates" in info[0].message
