@@ -245,9 +245,9 @@ def chunk_sizes(manifest, B: int) -> list[int]:
     sizes = list(manifest.schedule.get("chunk_tokens", [28]))
     for e in manifest.entries:
         key = entry_key(e)
-        if (e.status == "built" and key.component == "flow_encoder" and key.dims[0] == B and key.dims[3] == 0
-                and key.dims[1] not in sizes):
-            sizes.append(key.dims[1])
+        if (e.status == "built" and key.component == "flow_encoder" and key.dim("B") == B
+                and not key.dim("last") and key.dim("N") not in sizes):
+            sizes.append(key.dim("N"))
     return sizes
 
 

@@ -20,7 +20,7 @@ def _linear(rows: int, n_in: int, n_out: int) -> int:
 def cfm_flops(cfg: ModelConfig, key: ShapeKey) -> int:
     """The 10-step solve: per step the DiT runs 2B rows (guidance) of T frames, attending to
     T + L keys; the timestep and adaLN projections run once per step on one row."""
-    B, T, L = key.dims
+    B, T, L = key.dim("B"), key.dim("T"), key.dim("L")
     d = cfg.dit
     inner, mlp = d.heads * d.head_dim, int(d.hidden * d.mlp_ratio)
     rows = 2 * B * T
@@ -50,7 +50,7 @@ def flow_encoder_flops(cfg: ModelConfig, key: ShapeKey) -> int:
     """Embedding projection over N tokens, the lookahead convs, `blocks` blocks at 25 Hz over
     T1 = N - 3 (N when last) frames with C/2 cached, the x2 upsample conv and projection, `up_blocks`
     blocks at 50 Hz over T = 2 T1 with C cached, the projection to mel bins."""
-    B, N, C, last = key.dims
+    B, N, C, last = key.dim("B"), key.dim("N"), key.dim("C"), key.dim("last")
     e = cfg.encoder
     t1 = N if last else N - e.pre_lookahead
     t = e.up_stride * t1
@@ -71,7 +71,7 @@ def hift_flops(cfg: ModelConfig, key: ShapeKey) -> int:
     conv_pre at frame rate, then per upsampling stage its transposed conv, the source branch's
     down conv and ResBlock, and the decoder's ResBlocks, at that stage's rate; STFT, conv_post
     and ISTFT at the STFT frame rate."""
-    B, F, _ = key.dims
+    B, F = key.dim("B"), key.dim("F")
     h = cfg.hift
     bins2 = h.n_fft + 2
     frames = B * F

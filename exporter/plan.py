@@ -102,7 +102,7 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
     for cat, key in keys:
         if key not in first_cat or rank[cat] < rank[first_cat[key]]:
             first_cat[key] = cat
-    by_priority = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dims[0], k.component, k.dims))
+    by_priority = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dim("B"), k.component, k.dims))
     est = {k: estimate_bytes(cfg, k) for k in by_priority}
     if profile.traffic is None:
         chosen = _fill(by_priority, est, weights, profile.budget_bytes, shares_weights)

@@ -206,8 +206,8 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
     largest = max(concurrency)
     cfg = rt.model.cfg
     steady = (cfg.up_rate * (chunk_tokens - cfg.encoder.pre_lookahead), P + 100)     # the steady CFM (T, L)
-    batch_ref = min(largest, max((k.dims[0] for k in rt.cache.keys if k.component == "cfm" and k.dims[1:] == steady),
-                                 default=1))
+    batch_ref = min(largest, max((k.dim("B") for k in rt.cache.keys
+                                  if k.component == "cfm" and (k.dim("T"), k.dim("L")) == steady), default=1))
     res["direct_B1"] = direct_reference(rt, 1, P, chunk_tokens, reps)
     res[f"direct_B{batch_ref}"] = direct_reference(rt, batch_ref, P, chunk_tokens, reps) if batch_ref > 1 else None
     res["batch_reference"] = batch_ref

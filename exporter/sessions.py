@@ -20,8 +20,9 @@ def _trim(n: int, prompt: int) -> int:
 def setup_keys(cfg: ModelConfig, profile, B: int) -> list[ShapeKey]:
     """The prompt set-up: encoder over P/2 tokens + 3 lookahead with empty caches, CFM over P frames."""
     P, prec = profile.schedule.prompt_frames, profile.precision
-    return [ShapeKey("flow_encoder", (B, P // cfg.up_rate + cfg.encoder.pre_lookahead, 0, 0), prec.flow_encoder),
-            ShapeKey("cfm", (B, P, 0), prec.cfm)]
+    return [ShapeKey.named("flow_encoder", prec.flow_encoder, B=B, N=P // cfg.up_rate + cfg.encoder.pre_lookahead,
+                           C=0, last=0),
+            ShapeKey.named("cfm", prec.cfm, B=B, T=P, L=0)]
 
 
 def chunk_keys(cfg: ModelConfig, profile, B: int, N: int, chunks: int) -> tuple[list[list[ShapeKey]], int, int]:
@@ -32,9 +33,10 @@ def chunk_keys(cfg: ModelConfig, profile, B: int, N: int, chunks: int) -> tuple[
     C = L = s.prompt_frames
     out = []
     for i in range(chunks):
-        hift = (B, T, 0) if i == 0 else (B, T + cfg.hift_mel_cache, cfg.hift_source_cache)
-        out.append([ShapeKey("flow_encoder", (B, N, C, 0), prec.flow_encoder), ShapeKey("cfm", (B, T, L), prec.cfm),
-                    ShapeKey("hift", hift, prec.hift)])
+        hift = dict(F=T, S=0) if i == 0 else dict(F=T + cfg.hift_mel_cache, S=cfg.hift_source_cache)
+        out.append([ShapeKey.named("flow_encoder", prec.flow_encoder, B=B, N=N, C=C, last=0),
+                    ShapeKey.named("cfm", prec.cfm, B=B, T=T, L=L),
+                    ShapeKey.named("hift", prec.hift, B=B, **hift)])
         C = _trim(C + T, s.prompt_frames) if s.trim_conformer else C + T
         L = _trim(L + T, s.prompt_frames)
     return out, C, L
@@ -44,8 +46,9 @@ def tail_keys(cfg: ModelConfig, profile, B: int, n: int, C: int, L: int) -> list
     """The final chunk of n tokens after caches of lengths C (conformer) and L (estimator)."""
     prec = profile.precision
     T = cfg.up_rate * n
-    return [ShapeKey("flow_encoder", (B, n, C, 1), prec.flow_encoder), ShapeKey("cfm", (B, T, L), prec.cfm),
-            ShapeKey("hift", (B, T + cfg.hift_mel_cache, cfg.hift_source_cache), prec.hift)]
+    return [ShapeKey.named("flow_encoder", prec.flow_encoder, B=B, N=n, C=C, last=1),
+            ShapeKey.named("cfm", prec.cfm, B=B, T=T, L=L),
+            ShapeKey.named("hift", prec.hift, B=B, F=T + cfg.hift_mel_cache, S=cfg.hift_source_cache)]
 
 
 def stream_keys(cfg: ModelConfig, profile) -> list[tuple[str, ShapeKey]]:

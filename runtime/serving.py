@@ -191,7 +191,7 @@ class StreamServer:
         self.max_prompt_frames = int(max_prompt_frames or runtime.schedule.get("prompt_frames", 300))
         self.max_streams, self.voice_cache = max_streams, voice_cache
         self.max_wait = max_wait_ms / 1000.0
-        built = [k.dims[0] for k in self.cache.keys]
+        built = [k.dim("B") for k in self.cache.keys]
         self.max_batch = max_batch or max(built, default=8)
         self.seed = seed
         self.device = driver._device()
@@ -427,8 +427,8 @@ class StreamServer:
             T = cfg.up_rate * (r.tokens.shape[0] - (0 if r.last else cfg.encoder.pre_lookahead))
             L = s.lengths["estimator_att"]
         if (T, L) not in self._built:          # the directory's keys do not change while serving
-            self._built[(T, L)] = sorted({k.dims[0] for k in self.cache.keys
-                                          if k.component == "cfm" and k.dims[1:] == (T, L)})
+            self._built[(T, L)] = sorted({k.dim("B") for k in self.cache.keys
+                                          if k.component == "cfm" and (k.dim("T"), k.dim("L")) == (T, L)})
         return self._built[(T, L)]
 
     def _wait_for_company(self, sig: tuple, rows: list, target: int, now: float) -> float:

@@ -112,8 +112,8 @@ class StreamDriver:
     def _dtype(self, component: str) -> torch.dtype:
         return next(self.model.component_modules()[component][0].parameters()).dtype
 
-    def _key(self, component: str, *dims: int) -> ShapeKey:
-        return ShapeKey(component, tuple(int(d) for d in dims), DTYPE_NAMES[self._dtype(component)])
+    def _key(self, component: str, **dims: int) -> ShapeKey:
+        return ShapeKey.named(component, DTYPE_NAMES[self._dtype(component)], **dims)
 
     def _fade_window(self, device) -> torch.Tensor:
         n = 2 * self.cfg.hift_source_cache
@@ -143,9 +143,9 @@ class StreamDriver:
         spk = check_features("spk", spk, (B, cfg.spk_embed_dim))
         la = prompt_tokens[:, : cfg.encoder.pre_lookahead] if lookahead is None else lookahead
         tokens = torch.cat([prompt_tokens, la], 1).to(dev, torch.int64)
-        key = self._key("flow_encoder", B, tokens.shape[1], 0, 0)
+        key = self._key("flow_encoder", B=B, N=tokens.shape[1], C=0, last=0)
         mu, ccnn, catt = self.runner.run(key, [tokens] + self._empty_caches(key, dev))
-        key = self._key("cfm", B, P, 0)
+        key = self._key("cfm", B=B, T=P, L=0)
         spk = spk.to(dev, torch.float32)
         x0 = self.model.flow.noise[:, :, :P].expand(B, -1, -1).to(dev)
         cond = prompt_mel.to(dev, torch.float32).transpose(1, 2)
@@ -185,7 +185,7 @@ class StreamDriver:
         # flow encoder
         C = state.conformer_att.shape[3]
         mu, state.conformer_cnn, state.conformer_att = self.runner.run(
-            self._key("flow_encoder", B, tokens.shape[1], C, int(last)),
+            self._key("flow_encoder", B=B, N=tokens.shape[1], C=C, last=int(last)),
             [tokens, state.conformer_cnn, state.conformer_att])
         T = mu.shape[2]
 
@@ -196,7 +196,7 @@ class StreamDriver:
         x0 = self.model.flow.noise[:, :, L:L + T].expand(B, -1, -1).to(dev)
         cond = torch.zeros(B, cfg.mel_bins, T, device=dev)
         mel, state.estimator_cnn, state.estimator_att = self.runner.run(
-            self._key("cfm", B, T, L), [mu, state.spk, cond, x0, state.estimator_cnn, state.estimator_att])
+            self._key("cfm", B=B, T=T, L=L), [mu, state.spk, cond, x0, state.estimator_cnn, state.estimator_att])
         state.estimator_att = trim_cache(state.estimator_att, 4, state.prompt_frames)
         if self.trim_conformer:
             state.conformer_att = trim_cache(state.conformer_att, 3, state.prompt_frames)
@@ -215,7 +215,7 @@ class StreamDriver:
         if noise is None:
             noise = draw_noise(state.generators, (B, F_ * spf, cfg.hift.nb_harmonics + 1), mel.device)
         inputs = [mel, noise] + ([state.hift_source] if S else [])
-        speech, source = self.runner.run(self._key("hift", B, F_, S), inputs)
+        speech, source = self.runner.run(self._key("hift", B=B, F=F_, S=S), inputs)
         if state.hift_speech.shape[1]:
             w = self._fade_window(speech.device)
             head = speech[:, :n_src] * w[:n_src] + state.hift_speech * w[n_src:]
