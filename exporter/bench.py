@@ -26,10 +26,10 @@ from c2w.runtime.atomic import atomic_write
 from c2w.runtime.cache import EngineCache
 from c2w.runtime.engines import get_backend
 from c2w.runtime.engines.aoti import CudaGraphed, GraphPool
-from c2w.runtime.manifest import read_manifest
+from c2w.runtime.manifest import Manifest, model_from_manifest, read_manifest
 from c2w.runtime.model.weights import load_model
 from c2w.runtime.stream import StreamDriver
-from c2w.runtime.units import SPECS, EagerRunner, dtype_of, rel_l2
+from c2w.runtime.units import SPECS, EagerRunner, rel_l2
 from c2w.runtime.verify import artifact_info, entry_key, unit_weights
 
 
@@ -124,12 +124,9 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     cuda_graphs: the loading option the runtime serves with (runtime.load): which variant counts as
     served per key, and how the streaming and traffic rows load engines. Each key is timed with and
     without graphs either way, where its backend's graph policy captures it (engine_variants)."""
-    manifest = read_manifest(artifact_dir)
+    manifest = read_manifest(artifact_dir)          # the only read: every part below is handed it
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
-    torch.backends.cuda.matmul.allow_tf32 = bool(manifest.precision.get("tf32"))
-    torch.backends.cudnn.allow_tf32 = bool(manifest.precision.get("tf32"))
-    model = load_model(manifest.model["spec"])
-    model.to(device, {c: dtype_of(manifest.precision[c]) for c in SPECS})
+    model = model_from_manifest(manifest, device)
     eager = EagerRunner(model)
     reduced = any(manifest.precision[c] != "float32" for c in SPECS)
     eager32 = EagerRunner(load_model(manifest.model["spec"]).to(device)) if reduced else None
@@ -197,7 +194,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
               f"{served if served is None else round(served, 3)} ms ({row['served_variant']}), best "
               f"{best if best is None else round(best, 3)} ms", flush=True)
     if traffic is not None:
-        res["traffic"] = bench_traffic(artifact_dir, traffic, model, cuda_graphs=cuda_graphs)
+        res["traffic"] = bench_traffic(artifact_dir, traffic, model, cuda_graphs=cuda_graphs, manifest=manifest)
         save()
     res["omitted"] = omitted_sections(device, peer, reduced)
     if peer and device.type == "cuda":
@@ -295,15 +292,15 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
     trim = sched.get("trim_conformer", True)
     rows = [] if rows is None else rows
     if device.type == "cuda":
-        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs),
-                                 model, device)
+        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device, manifest=manifest,
+                                                     cuda_graphs=cuda_graphs), model, device)
         mem["budget_bytes"] = manifest.budget_bytes
         added = max(mem["added_bytes"], mem["added_device_bytes"])
         mem["within_budget"] = sum(mem["weights_bytes"].values()) + added <= manifest.budget_bytes
         rows.append({"memory": mem})
         save()
     else:
-        cache = EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs)
+        cache = EngineCache(artifact_dir, model, device, manifest=manifest, cuda_graphs=cuda_graphs)
     for B in batches or sched.get("batch_sizes", [1]):
         for N in chunk_sizes(manifest, B):
             try:
@@ -528,24 +525,25 @@ def write(res: dict, out: Path, render=None) -> None:
         atomic_write(path, text)
 
 
-def bench_traffic(artifact_dir: Path, profile, model=None, cuda_graphs: bool | None = None) -> dict:
+def bench_traffic(artifact_dir: Path, profile, model=None, cuda_graphs: bool | None = None,
+                  manifest: Manifest | None = None) -> dict:
     """One session of every kind in `profile`'s traffic mix (exporter.traffic: batch size x chunk
     size x number of chunks x final-chunk size) through the streaming driver and this directory's
     engine cache: the share of unit calls an engine served, weighted by each kind's share, next
     to what the planner predicts for the keys built here. A final chunk of unknown size (no
     traffic.tail_tokens) is not run and counts as UNKNOWN_TAIL_CALLS misses, as in the prediction.
     The mix is the profile's; the schedule and precision are the ones the artifacts were built with.
-    model: the directory's model at its precision on its device (default: loaded here)."""
+    model: the directory's model at its precision on its device (default: loaded here).
+    manifest: the directory's, already read (default: read here)."""
     from c2w.exporter.profile import Precision, Schedule
     from c2w.exporter.traffic import UNKNOWN_TAIL_CALLS, session_calls
-    manifest = read_manifest(artifact_dir)
+    manifest = read_manifest(artifact_dir) if manifest is None else manifest
     profile = dataclasses.replace(profile, precision=Precision(**manifest.precision), schedule=Schedule(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in manifest.schedule.items()}))
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
     if model is None:
-        model = load_model(manifest.model["spec"])
-        model.to(device, {c: dtype_of(manifest.precision[c]) for c in SPECS})
-    cache = EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs)
+        model = model_from_manifest(manifest, device)
+    cache = EngineCache(artifact_dir, model, device, manifest=manifest, cuda_graphs=cuda_graphs)
     tr, P, trim = profile.traffic, profile.schedule.prompt_frames, profile.schedule.trim_conformer
     calls, total = session_calls(model.cfg, profile)
     built = {entry_key(e) for e in manifest.entries if e.status == "built"}

@@ -119,6 +119,41 @@ def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
     assert chunk_sizes(m, 1) == [28, 78]                    # a final-chunk key is not a steady chunk
 
 
+def test_bench_reads_the_manifest_once_and_sets_its_precision_through_the_policy(ort_artifacts, monkeypatch,
+                                                                                  caplog):
+    """One bench_dir call, with its streaming, per-key and traffic parts: the manifest is read once
+    and handed to every part (each EngineCache included); the model is built, and TF32 set and
+    logged, once, by runtime.manifest.model_from_manifest."""
+    import dataclasses
+    import logging
+
+    import c2w.exporter.bench as bench
+    import c2w.runtime.cache
+    import c2w.runtime.manifest
+    from c2w.exporter.profile import Traffic
+    from tests.conftest import small_profile
+    reads = []
+    real_read = c2w.runtime.manifest.read_manifest
+
+    def counted(out_dir):
+        reads.append(out_dir)
+        return real_read(out_dir)
+    for module in (c2w.runtime.manifest, c2w.runtime.cache, bench):
+        monkeypatch.setattr(module, "read_manifest", counted)
+    tr = Traffic(batch_sizes=((1, 1.0),), chunk_tokens=((28, 1.0),), session_chunks=((1, 1.0),),
+                 tail_tokens=((13, 1.0),))
+    caplog.set_level(logging.INFO, logger="c2w.precision")
+    res = bench_dir(ort_artifacts, reps=1, warmup=0, stream_reps=1, stream_warmup=0, peer=False,
+                    keys=KEYS[1:], stream_batches=[1], traffic=dataclasses.replace(small_profile(), traffic=tr))
+    assert reads == [ort_artifacts]
+    assert [r.getMessage() for r in caplog.records] == [
+        "c2w: TF32 off for CUDA matmuls and cuDNN convolutions in this process (the manifest's precision.tf32)"]
+    # the parts that were handed the manifest ran on it: engines served the key and the stream
+    assert [r["id"] for r in res["keys"]] == KEYS[1:] and "median_ms" in res["keys"][0]["engine"]
+    assert res["stream"][0]["engines_steady"]["engine_calls"] > 0
+    assert res["traffic"]["sessions"][0]["engine_calls"] > 0
+
+
 def test_bench_cli_writes_json_and_markdown_beside_the_artifacts_and_says_what_it_omits(
         bench_run, tmp_path, monkeypatch):
     calls = _bench_stand_in(monkeypatch, bench_run[0])
