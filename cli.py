@@ -282,7 +282,7 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
           cuda_graphs: Optional[bool] = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help="serve with engines "
                                                      "captured in CUDA graphs or not, as runtime.load(cuda_graphs=) "
                                                      "(default: the backend's; C2W_AOTI_CUDA_GRAPHS overrides it); "
-                                                     "each key is timed both ways regardless")):
+                                                     "each key is timed both ways where its backend captures it")):
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
     with --serve, concurrent streams through the stream server."""
     from c2w.exporter.bench import bench_dir, to_markdown, write, write_calibration

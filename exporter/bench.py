@@ -1,14 +1,14 @@
 """`c2w bench`: engines against eager at the same precision, per key and per streaming chunk.
 
-Per built key: median / p95 latency of eager, of eager under CUDA-graph replay (GPU), of the
-engine called directly, and of the engine under CUDA-graph replay (CUDA events after warm-up on
-GPU; perf_counter on CPU); the rel-L2 of the engine's outputs against eager on the same inputs
-(the timed calls compute the same function), and, for reduced precision, the fidelity (rel-L2,
-SNR dB) of eager and engine against the float32 model. Per batch size: stage latency of a first
-and a steady chunk (encoder + CFM + HiFT + cache handling) through the streaming driver, eager
-vs engines, and audio-seconds per second; device memory before/after loading every engine; the
-session's audio SNR against float32 eager. If step-audio2 is importable: its B=1 eager chunk as
-the peer row. Never asserts a time.
+Per built key: median / p95 latency of eager, of eager under CUDA-graph replay (GPU), of the engine
+called directly, and of the engine under CUDA-graph replay where its backend captures that key
+(CUDA events after warm-up on GPU; perf_counter on CPU); the rel-L2 of the engine's outputs against
+eager on the same inputs (the timed calls compute the same function), and, for reduced precision,
+the fidelity (rel-L2, SNR dB) of eager and engine against the float32 model. Per batch size: stage
+latency of a first and a steady chunk (encoder + CFM + HiFT + cache handling) through the streaming
+driver, eager vs engines, and audio-seconds per second; device memory before/after loading every
+engine; the session's audio SNR against float32 eager. If step-audio2 is importable: its B=1 eager
+chunk as the peer row. Never asserts a time.
 """
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from c2w.runtime.atomic import atomic_write
 from c2w.runtime.cache import EngineCache
 from c2w.runtime.engines import get_backend
 from c2w.runtime.engines.aoti import CudaGraphed, GraphPool
-from c2w.runtime.manifest import read_manifest
+from c2w.runtime.manifest import Manifest, model_from_manifest, read_manifest
 from c2w.runtime.model.weights import load_model
 from c2w.runtime.stream import StreamDriver
-from c2w.runtime.units import SPECS, EagerRunner, dtype_of, rel_l2
+from c2w.runtime.units import SPECS, EagerRunner, rel_l2
 from c2w.runtime.verify import artifact_info, entry_key, unit_weights
 
 
@@ -85,6 +85,33 @@ def _commit() -> str:
         return "unknown"
 
 
+VARIANTS = (("engine", False), ("engine_graph", True))     # a key's engine rows: name, CUDA graphs asked for
+
+
+def engine_variants(backend_name: str, info, device: torch.device) -> dict:
+    """The engine variants `c2w bench` times for one key: row name -> the backend that loads it,
+    built as the runtime builds one (get_backend(name, cuda_graphs=...)), or, where that backend's
+    graph policy would make the row's name untrue, why the row is not timed (ONNX Runtime never
+    captures; AOTI captures only graph inputs within GRAPH_MAX_BYTES, and C2W_AOTI_CUDA_GRAPHS
+    overrides what it is asked). The graph row exists on CUDA only."""
+    variants = {}
+    for name, graphs in VARIANTS:
+        if graphs and device.type != "cuda":
+            continue
+        backend = get_backend(backend_name, cuda_graphs=graphs)
+        graphed = backend.graphed(info, device)
+        variants[name] = backend if graphed == graphs else (
+            f"not timed: backend {backend_name} asked for cuda_graphs={graphs} "
+            f"{'captures' if graphed else 'does not capture'} this key in a CUDA graph (its graph policy)")
+    return variants
+
+
+def served_variant(policy, info, device: torch.device) -> str:
+    """The engine row the runtime serves for this key: `policy` is the backend as the runtime
+    loads it (get_backend(name, cuda_graphs=the loading option))."""
+    return "engine_graph" if policy.graphed(info, device) else "engine"
+
+
 def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list[str] | None = None,
               stream_batches: list[int] | None = None, peer: bool = True, out: Path | None = None,
               stream_reps: int | None = None, stream_warmup: int = 2, traffic=None,
@@ -96,13 +123,10 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     section: its sessions' measured engine hit rate against the prediction (bench_traffic).
     cuda_graphs: the loading option the runtime serves with (runtime.load): which variant counts as
     served per key, and how the streaming and traffic rows load engines. Each key is timed with and
-    without graphs either way."""
-    manifest = read_manifest(artifact_dir)
+    without graphs either way, where its backend's graph policy captures it (engine_variants)."""
+    manifest = read_manifest(artifact_dir)          # the only read: every part below is handed it
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
-    torch.backends.cuda.matmul.allow_tf32 = bool(manifest.precision.get("tf32"))
-    torch.backends.cudnn.allow_tf32 = bool(manifest.precision.get("tf32"))
-    model = load_model(manifest.model["spec"])
-    model.to(device, {c: dtype_of(manifest.precision[c]) for c in SPECS})
+    model = model_from_manifest(manifest, device)
     eager = EagerRunner(model)
     reduced = any(manifest.precision[c] != "float32" for c in SPECS)
     eager32 = EagerRunner(load_model(manifest.model["spec"]).to(device)) if reduced else None
@@ -130,7 +154,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
             row["eager"]["fp32_fidelity"] = fidelity(want[0], ref32)
         info = artifact_info(artifact_dir, e, model.cfg)
         weights = unit_weights(eager.unit(key))
-        variants = [("engine", False), ("engine_graph", True)] if device.type == "cuda" else [("engine", False)]
+        variants = engine_variants(manifest.backend["name"], info, device)
         if device.type == "cuda":
             try:
                 g = CudaGraphed(lambda *a: eager.run(key, list(a)), info.input_shapes,
@@ -139,10 +163,10 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
                 row["eager_graph"]["max_rel_l2_vs_eager"] = max(rel_l2(a, b) for a, b in zip(g(*inputs), want))
             except Exception as exc:
                 row["eager_graph"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        for name, graphs in variants:
-            backend = get_backend(manifest.backend["name"])
-            if hasattr(backend, "cuda_graphs"):
-                backend.cuda_graphs, backend.graph_max_bytes = graphs, None
+        for name, backend in variants.items():
+            if isinstance(backend, str):
+                row[name] = {"skipped": backend}
+                continue
             try:
                 t0 = time.perf_counter()
                 eng = backend.load(info, weights, device)                # includes graph capture
@@ -159,11 +183,9 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
             backend.release_shared()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        # what the runtime serves for this key: the backend's own graph policy decides
-        graphed = hasattr(policy, "graphed") and policy.graphed(info, device)
-        row["served_variant"] = "engine_graph" if graphed else "engine"
+        row["served_variant"] = served_variant(policy, info, device)
         served = row.get(row["served_variant"], {}).get("median_ms")
-        best = min((row[v]["median_ms"] for v, _ in variants if "median_ms" in row[v]), default=None)
+        best = min((row[v]["median_ms"] for v in variants if "median_ms" in row[v]), default=None)
         row["speedup_vs_eager"] = row["eager"]["median_ms"] / served if served else None
         row["best_speedup_vs_eager"] = row["eager"]["median_ms"] / best if best else None
         res["keys"].append(row)
@@ -172,7 +194,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
               f"{served if served is None else round(served, 3)} ms ({row['served_variant']}), best "
               f"{best if best is None else round(best, 3)} ms", flush=True)
     if traffic is not None:
-        res["traffic"] = bench_traffic(artifact_dir, traffic, model, cuda_graphs=cuda_graphs)
+        res["traffic"] = bench_traffic(artifact_dir, traffic, model, cuda_graphs=cuda_graphs, manifest=manifest)
         save()
     res["omitted"] = omitted_sections(device, peer, reduced)
     if peer and device.type == "cuda":
@@ -253,7 +275,7 @@ def chunk_sizes(manifest, B: int) -> list[int]:
 
 def _served(cache) -> tuple[int, int]:
     """(engine calls, eager fallbacks) of an EngineCache so far; (0, 0) for an eager runner."""
-    if not hasattr(cache, "stats"):
+    if not isinstance(cache, EngineCache):
         return 0, 0
     counts = [c for per in cache.stats().values() for c in per.values()]
     return sum(c["hits"] for c in counts), sum(c["misses"] + c["failures"] for c in counts)
@@ -270,15 +292,15 @@ def bench_stream(model, artifact_dir, manifest, device, batches, reps: int, mode
     trim = sched.get("trim_conformer", True)
     rows = [] if rows is None else rows
     if device.type == "cuda":
-        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs),
-                                 model, device)
+        cache, mem = load_memory(lambda: EngineCache(artifact_dir, model, device, manifest=manifest,
+                                                     cuda_graphs=cuda_graphs), model, device)
         mem["budget_bytes"] = manifest.budget_bytes
         added = max(mem["added_bytes"], mem["added_device_bytes"])
         mem["within_budget"] = sum(mem["weights_bytes"].values()) + added <= manifest.budget_bytes
         rows.append({"memory": mem})
         save()
     else:
-        cache = EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs)
+        cache = EngineCache(artifact_dir, model, device, manifest=manifest, cuda_graphs=cuda_graphs)
     for B in batches or sched.get("batch_sizes", [1]):
         for N in chunk_sizes(manifest, B):
             try:
@@ -503,24 +525,25 @@ def write(res: dict, out: Path, render=None) -> None:
         atomic_write(path, text)
 
 
-def bench_traffic(artifact_dir: Path, profile, model=None, cuda_graphs: bool | None = None) -> dict:
+def bench_traffic(artifact_dir: Path, profile, model=None, cuda_graphs: bool | None = None,
+                  manifest: Manifest | None = None) -> dict:
     """One session of every kind in `profile`'s traffic mix (exporter.traffic: batch size x chunk
     size x number of chunks x final-chunk size) through the streaming driver and this directory's
     engine cache: the share of unit calls an engine served, weighted by each kind's share, next
     to what the planner predicts for the keys built here. A final chunk of unknown size (no
     traffic.tail_tokens) is not run and counts as UNKNOWN_TAIL_CALLS misses, as in the prediction.
     The mix is the profile's; the schedule and precision are the ones the artifacts were built with.
-    model: the directory's model at its precision on its device (default: loaded here)."""
+    model: the directory's model at its precision on its device (default: loaded here).
+    manifest: the directory's, already read (default: read here)."""
     from c2w.exporter.profile import Precision, Schedule
     from c2w.exporter.traffic import UNKNOWN_TAIL_CALLS, session_calls
-    manifest = read_manifest(artifact_dir)
+    manifest = read_manifest(artifact_dir) if manifest is None else manifest
     profile = dataclasses.replace(profile, precision=Precision(**manifest.precision), schedule=Schedule(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in manifest.schedule.items()}))
     device = torch.device("cpu" if manifest.device == "cpu" else "cuda")
     if model is None:
-        model = load_model(manifest.model["spec"])
-        model.to(device, {c: dtype_of(manifest.precision[c]) for c in SPECS})
-    cache = EngineCache(artifact_dir, model, device, cuda_graphs=cuda_graphs)
+        model = model_from_manifest(manifest, device)
+    cache = EngineCache(artifact_dir, model, device, manifest=manifest, cuda_graphs=cuda_graphs)
     tr, P, trim = profile.traffic, profile.schedule.prompt_frames, profile.schedule.trim_conformer
     calls, total = session_calls(model.cfg, profile)
     built = {entry_key(e) for e in manifest.entries if e.status == "built"}

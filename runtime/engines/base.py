@@ -71,9 +71,18 @@ class Engine(abc.ABC):
 
 
 class Backend(abc.ABC):
+    """One backend's runtime side, including its CUDA-graph policy: `cuda_graphs` (the loading
+    option as this backend resolved it) and `graphed(info, device)` (whether `load` captures that
+    artifact). A backend that never captures keeps the defaults: off, nothing graphed."""
     name: str = ""
     suffix: str = ""                # artifact file suffix, e.g. ".onnx", ".pt2", ".plan"
     captures_cuda_graphs = False    # True: the constructor takes `cuda_graphs` (the loading option)
+    cuda_graphs: bool = False       # whether this instance captures engines in CUDA graphs at load
+
+    def graphed(self, info: ArtifactInfo, device: torch.device) -> bool:
+        """Whether `load(info, ..., device)` returns an engine replayed from a CUDA graph (what the
+        runtime serves for that key, and what `c2w bench` reports as served)."""
+        return False
 
     @abc.abstractmethod
     def require(self) -> None:

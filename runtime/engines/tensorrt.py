@@ -292,7 +292,7 @@ class TensorRTBackend(Backend):
     captures_cuda_graphs = True
 
     def __init__(self, cuda_graphs: bool = False):
-        self._cuda_graphs = bool(cuda_graphs)
+        self.cuda_graphs = bool(cuda_graphs)
         self._trt = None
         self._logger = None
         self._plans: dict[Path, _Plan] = {}
@@ -304,6 +304,10 @@ class TensorRTBackend(Backend):
         self._scratch_generation = 0
         self._bound_generation = -1
         self._epoch = 0                              # bumped by release_shared()
+
+    def graphed(self, info: ArtifactInfo, device: torch.device) -> bool:
+        """Every key when `cuda_graphs` is on (plans run only on CUDA; each key's shapes are static)."""
+        return self.cuda_graphs and torch.device(device).type == "cuda"
 
     def require(self) -> None:
         self._import()
@@ -342,7 +346,7 @@ class TensorRTBackend(Backend):
             ctx = plan.contexts.get(idx)
             if ctx is None:
                 ctx = self._create_context(trt, plan, idx, device)
-            return TensorRTEngine(info, self, plan, idx, ctx, device, self._cuda_graphs)
+            return TensorRTEngine(info, self, plan, idx, ctx, device, self.graphed(info, device))
 
     def _check_io(self, info: ArtifactInfo, plan: _Plan, idx: int) -> None:
         """Fail closed if the manifest and the plan disagree on names or the exact profile shape."""

@@ -22,26 +22,48 @@ def bench_run(ort_artifacts, tmp_path_factory):
     """One library bench run over the session's directory, shared by the tests below: two keys,
     a B=2 streaming row whose measurement raises (a simulated CUDA out-of-memory) and then the
     B=1 28-token row. Returns (result, what it wrote, (stream rows, key rows) at every save)."""
+    import logging
+
     import c2w.exporter.bench as bench
+    import c2w.runtime.cache
+    import c2w.runtime.manifest
     out = tmp_path_factory.mktemp("bench") / "b.json"
-    saved = []
-    real_write, real_row = bench.write, bench._stream_row
+    saved, reads, precision_log = [], [], []
+    real_write, real_row, real_read = bench.write, bench._stream_row, c2w.runtime.manifest.read_manifest
+
+    def counted(out_dir):
+        reads.append(out_dir)
+        return real_read(out_dir)
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            precision_log.append(record.getMessage())
 
     def row(model, cache, device, B, N, P, trim, reps, **kw):
         if B == 2:
             raise RuntimeError("CUDA out of memory (simulated)")
         return real_row(model, cache, device, B, N, P, trim, reps, **kw)
+    log, handler = logging.getLogger("c2w.precision"), Recorder()
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bench, "write", lambda res, o: (saved.append((len(res["stream"]), len(res["keys"]))),
                                                    real_write(res, o)))
         mp.setattr(bench, "_stream_row", row)
-        res = bench_dir(ort_artifacts, reps=2, warmup=1, stream_reps=2, stream_warmup=1, peer=False, out=out,
-                        keys=KEYS, stream_batches=[2, 1])
-    return res, out, saved
+        for module in (c2w.runtime.manifest, c2w.runtime.cache, bench):
+            mp.setattr(module, "read_manifest", counted)
+        try:
+            res = bench_dir(ort_artifacts, reps=2, warmup=1, stream_reps=2, stream_warmup=1, peer=False, out=out,
+                            keys=KEYS, stream_batches=[2, 1])
+        finally:
+            log.removeHandler(handler)
+            log.setLevel(level)
+    return res, out, saved, (reads, precision_log)
 
 
 def test_bench_schema_and_same_function(bench_run):
-    res, out, saved = bench_run
+    res, out, saved, _ = bench_run
     assert json.loads(out.read_text()) == json.loads(json.dumps(res, default=str))
     # written as it went: after each streaming row, after each key, and at the end (the stream's
     # last entry, its cache stats, comes with the first key's save)
@@ -117,6 +139,16 @@ def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
     m.entries.append(dataclasses.replace(extra, id=extra.id.replace("N78", "N11").replace("last0", "last1"),
                                          dims={**extra.dims, "N": 11, "last": 1}))
     assert chunk_sizes(m, 1) == [28, 78]                    # a final-chunk key is not a steady chunk
+
+
+def test_bench_reads_the_manifest_once_and_sets_its_precision_through_the_policy(bench_run, ort_artifacts):
+    """The shared bench_dir run (streaming and per-key parts) read the manifest once and handed it
+    to every part (each EngineCache included); the model was built, and TF32 set and logged, once,
+    by runtime.manifest.model_from_manifest."""
+    reads, precision_log = bench_run[3]
+    assert reads == [ort_artifacts]
+    assert precision_log == [
+        "c2w: TF32 off for CUDA matmuls and cuDNN convolutions in this process (the manifest's precision.tf32)"]
 
 
 def test_bench_cli_writes_json_and_markdown_beside_the_artifacts_and_says_what_it_omits(

@@ -82,8 +82,8 @@ def test_get_backend_passes_the_graph_option_to_backends_that_capture(monkeypatc
     monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS", raising=False)
     assert get_backend("aoti").cuda_graphs is True
     assert get_backend("aoti", cuda_graphs=False).cuda_graphs is False
-    assert get_backend("tensorrt")._cuda_graphs is False                    # TensorRT's default: off
-    assert get_backend("tensorrt", cuda_graphs=True)._cuda_graphs is True
+    assert get_backend("tensorrt").cuda_graphs is False                     # TensorRT's default: off
+    assert get_backend("tensorrt", cuda_graphs=True).cuda_graphs is True
     assert get_backend("onnxruntime", cuda_graphs=True).name == "onnxruntime"   # never captures: ignored
 
 

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from c2w.runtime.engines import NAMES, get_backend
 from c2w.runtime.engines.base import ArtifactInfo, Engine
 from c2w.runtime.errors import C2WUserError
 
@@ -32,3 +33,18 @@ def test_run_checks_count_shape_and_dtype_then_calls_run_impl():
         with pytest.raises(C2WUserError, match=message):
             engine.run(inputs)
     assert engine.calls == 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_backend_declares_its_graph_policy(name, monkeypatch):
+    """`cuda_graphs` and `graphed` are the Backend protocol's, on every backend: what a caller
+    (runtime.load, c2w bench) asks instead of probing attributes. A small key is captured on CUDA
+    exactly when the backend captures at all and was asked to; never on the CPU."""
+    monkeypatch.delenv("C2W_AOTI_CUDA_GRAPHS", raising=False)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for requested in (False, True):
+        backend = get_backend(name, cuda_graphs=requested)
+        assert backend.cuda_graphs is (requested and backend.captures_cuda_graphs)
+        assert backend.graphed(INFO, cuda) is backend.cuda_graphs
+        assert backend.graphed(INFO, cpu) is False
+    assert get_backend(name).cuda_graphs is (name == "aoti")       # the defaults: only AOTI captures

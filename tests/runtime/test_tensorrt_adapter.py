@@ -203,6 +203,18 @@ def test_backend_protocol_fields():
     b.release_shared()       # idempotent on a backend that loaded nothing
 
 
+def test_graph_policy_is_the_loading_option_for_every_key_on_cuda(no_tensorrt):
+    """What `c2w bench` asks to time and to mark served: TensorRT replays every key from a CUDA
+    graph when asked to (its shapes are static), and never without CUDA. No SDK is needed to say so."""
+    from c2w.runtime.engines import get_backend
+    info = ArtifactInfo(Path("cfm.plan"), ("mu",), ("mel",), ((32, 80, 150),), ("float16",), {"profile_index": 3})
+    cuda = torch.device("cuda", 0)
+    assert not get_backend("tensorrt").graphed(info, cuda)                 # off by default
+    assert get_backend("tensorrt", cuda_graphs=True).graphed(info, cuda)
+    assert not get_backend("tensorrt", cuda_graphs=True).graphed(info, torch.device("cpu"))
+    assert not get_backend("tensorrt", cuda_graphs=False).graphed(info, cuda)
+
+
 def test_the_version_floor_is_declared_once():
     """runtime.engines.tensorrt says which TensorRT c2w supports; the install line, the check's
     operator data and the package's `trt` extra follow it."""
