@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
+from c2w.runtime.engines import NAMES as BACKENDS        # the runtime's registry names the backends
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.units import DTYPES, SPECS, ShapeKey
 
-BACKENDS = ("onnxruntime", "aoti", "tensorrt")
 DEVICES = ("cpu", "cuda")
 CATEGORIES = ("first", "steady", "setup", "tail", "extra")
 BUNDLED = Path(__file__).resolve().parent.parent / "profiles"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from c2w.runtime.engines.tensorrt import FLOOR, MAX_MAJOR, MIN_VERSION
+from c2w.runtime.engines.tensorrt import FLOOR, MIN_VERSION, check_trt_version
 from c2w.runtime.errors import C2WUserError
 
 SEVERITIES = ("error", "warning", "info")
@@ -129,18 +129,6 @@ class Finding:
     def __post_init__(self):
         if self.severity not in SEVERITIES:
             raise ValueError(f"Finding severity {self.severity!r} not in {SEVERITIES}")
-
-
-def parse_trt_version(version: str) -> tuple[int, int]:
-    """'10.12' / '10.12.0.36' / '11.0' -> (major, minor); refuses releases before the floor."""
-    m = re.match(r"^\s*(\d+)\.(\d+)", str(version))
-    if not m:
-        raise C2WUserError("TensorRT version", repr(version), f"'MAJOR.MINOR[...]', e.g. '{FLOOR}'")
-    got = (int(m.group(1)), int(m.group(2)))
-    if got < MIN_VERSION or got[0] > MAX_MAJOR:
-        raise C2WUserError("TensorRT version", version, f"{FLOOR} or later {MIN_VERSION[0]}.x, or {MAX_MAJOR}.x",
-                           "The operator data in exporter/trt_check.py is only claimed for those.")
-    return got
 
 
 def max_opset_for(trt: tuple[int, int]) -> tuple[int, str]:
@@ -595,7 +583,8 @@ def check_onnx_for_tensorrt(model_or_path, trt_version: str = FLOOR,
     engine that does not compute what eager computes. Errors first-class, warnings for what cannot
     be verified statically, one "info" summary of constant bytes. Never needs TensorRT."""
     import onnx
-    trt = parse_trt_version(trt_version)
+    trt = check_trt_version(trt_version, "TensorRT version",
+                            "The operator data in exporter/trt_check.py is only claimed for those.")
     model, path = _load(model_or_path)
     checker = _Checker(model, trt, frozenset(allow_dynamic))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Mapping, Sequence
 
 
 class C2WUserError(ValueError):
@@ -35,6 +36,34 @@ def check_shape(name: str, tensor, expected: tuple, dtype=None) -> None:
                            "Check the batch size, chunk length and cache lengths against the model config.")
     if dtype is not None and tensor.dtype != dtype:
         raise C2WUserError(f"tensor '{name}'", f"dtype {tensor.dtype}", f"dtype {dtype}")
+
+
+def state_dict_mismatch(received: Mapping[str, object], expected: Mapping[str, tuple], *,
+                        also: Sequence[str] = (), shown: int | None = 8) -> str | None:
+    """What keeps a state dict from loading where another is wanted, as one line, or None when
+    nothing does. `received`, `expected`: key -> shape (a received value that is no tensor: its
+    type's name). `also`: further problems the caller found, listed first. Each list names its
+    first `shown` keys in sorted order and how many more there are (a checkpoint of another
+    preset differs in hundreds); `shown=None` lists every key."""
+    missing = sorted(set(expected) - set(received))
+    unexpected = sorted(set(received) - set(expected))
+    mismatched = [f"{k}: {received[k]} vs {expected[k]}" for k in sorted(set(received) & set(expected))
+                  if received[k] != tuple(expected[k])]
+    if not (missing or unexpected or mismatched or also):
+        return None
+
+    def listed(items: list[str], sep: str) -> str:
+        cut = len(items) if shown is None else shown
+        more = f"{sep}... {len(items) - cut} more" if len(items) > cut else ""
+        return f"[{sep.join(items[:cut])}{more}]"
+    problems = list(also)
+    if missing:
+        problems.append(f"missing keys {listed([repr(k) for k in missing], ', ')}")
+    if unexpected:
+        problems.append(f"unexpected keys {listed([repr(k) for k in unexpected], ', ')}")
+    if mismatched:
+        problems.append(f"shape mismatches (received vs expected) {listed(mismatched, '; ')}")
+    return f"{len(missing)} missing, {len(unexpected)} unexpected, {len(mismatched)} mismatched: " + "; ".join(problems)
 
 
 # OSErrors a user fixes on their side (space, permissions, a file where a directory should be)

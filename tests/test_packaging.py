@@ -97,6 +97,71 @@ def test_runtime_never_imports_exporter_or_cli():
     assert not found, found
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("c2w",) + (parts[:-1] if parts[-1] == "__init__" else parts))
+
+
+def _c2w_imports(path: Path, modules: set[str]) -> set[str]:
+    """The c2w modules the file at `path` imports, anywhere in it (inside functions too): `from P
+    import X` names P.X where that is a module, else P; a relative import is resolved from the
+    file's package. Importing a module also runs its packages' __init__, which is not counted: a
+    package may import its own submodules."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    return (found & modules) - {name}
+
+
+def _import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                cycles.append(sorted(component))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle_between_c2w_modules():
+    """The layers import one way (runtime <- exporter <- cli) and so do the modules within each:
+    a cycle, even one closed by an import inside a function, makes a module's import order matter
+    and a refactor that moves that import to the top fail at import time."""
+    files = _py_files(ROOT / "runtime") + _py_files(ROOT / "exporter") + [ROOT / "cli.py"]
+    modules = {_module_name(p) for p in files}
+    graph = {_module_name(p): _c2w_imports(p, modules) for p in files}
+    assert graph["c2w.exporter.export"] >= {"c2w.runtime.memory", "c2w.exporter.backends"}    # the walk sees imports
+    assert "c2w.exporter.backends.tensorrt_plan" in graph["c2w.exporter.backends.tensorrt"]  # inside functions too
+    cycles = _import_cycles(graph)
+    assert not cycles, "import cycles between c2w modules (each: the modules of one cycle):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
 def test_a_checkout_imports_its_own_c2w_once():
     """From the checkout (as pytest and `python cli.py` run), every c2w module comes from this
     checkout, whatever c2w is installed, and nothing is loaded under a bare name."""

@@ -49,18 +49,21 @@ TRT_TO_TORCH_DTYPE: dict[str, torch.dtype] = {
 # ---- pure helpers (unit-tested without TensorRT) ----------------------------------------------
 
 def parse_version(version: str) -> tuple[int, int]:
+    """'10.12' / '10.12.0.36' / '11.0' -> (major, minor)."""
     m = re.match(r"^\s*(\d+)\.(\d+)", str(version))
     if not m:
-        raise C2WUserError("TensorRT version", repr(version), "'MAJOR.MINOR...'")
+        raise C2WUserError("TensorRT version", repr(version), f"'MAJOR.MINOR[...]', e.g. '{FLOOR}'")
     return int(m.group(1)), int(m.group(2))
 
 
-def check_trt_version(version: str) -> tuple[int, int]:
-    """Refuse TensorRT releases this adapter was not written for."""
+def check_trt_version(version: str, what: str = "backend 'tensorrt'",
+                      fix: str = f"Install it with: {INSTALL_LINE}") -> tuple[int, int]:
+    """(major, minor) of `version`; refuses TensorRT releases c2w was not written for, naming
+    `what` was given that version and saying `fix`. The runtime and the exporter's compatibility
+    check (exporter/trt_check.py) both decide with this."""
     got = parse_version(version)
     if got < MIN_VERSION or got[0] > MAX_MAJOR:
-        raise C2WUserError("backend 'tensorrt'", f"tensorrt {version}",
-                           f"TensorRT {SUPPORTED_VERSIONS}", f"Install it with: {INSTALL_LINE}")
+        raise C2WUserError(what, f"tensorrt {version}", f"TensorRT {SUPPORTED_VERSIONS}", fix)
     return got
 
 

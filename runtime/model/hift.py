@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from c2w.runtime.errors import C2WUserError, check_shape
+from c2w.runtime.errors import C2WUserError, check_shape, state_dict_mismatch
 from c2w.runtime.model.config import HiftConfig
 
 MEL_BINS = 80
@@ -423,24 +423,13 @@ def hift_state_dict_from_checkpoint(sd: dict, cfg: HiftConfig, mel_bins: int = M
         if key not in consumed:
             out[key] = value
 
-    expected = expected_hift_shapes(cfg, mel_bins)
-    missing = sorted(set(expected) - set(out))
-    unexpected = sorted(set(out) - set(expected))
-    mismatched = [f"{k}: {_shape(out[k])} vs {expected[k]}" for k in sorted(set(out) & set(expected))
-                  if _shape(out[k]) != expected[k]]
-    if missing or unexpected or mismatched or bad_pairs:
-        problems = [f"weight-norm pairs that do not fit [{'; '.join(bad_pairs)}]"] if bad_pairs else []
-        if missing:
-            problems.append(f"missing keys {missing}")
-        if unexpected:
-            problems.append(f"unexpected keys {unexpected}")
-        if mismatched:
-            problems.append(f"shape mismatches (received vs expected) [{'; '.join(mismatched)}]")
+    pairs = [f"weight-norm pairs that do not fit [{'; '.join(bad_pairs)}]"] if bad_pairs else []
+    problems = state_dict_mismatch({k: _shape(v) for k, v in out.items()}, expected_hift_shapes(cfg, mel_bins),
+                                   also=pairs, shown=None)      # every key: a HiFT has a few hundred
+    if problems:
         raise C2WUserError(
             f"HiFT checkpoint for base_channels={cfg.base_channels}, f0_channels={cfg.f0_channels}, "
-            f"nb_harmonics={cfg.nb_harmonics}",
-            f"{len(missing)} missing, {len(unexpected)} unexpected, {len(mismatched)} mismatched: "
-            + "; ".join(problems),
+            f"nb_harmonics={cfg.nb_harmonics}", problems,
             "every HiftVocoder key with its shape",
             "Check that the checkpoint belongs to the selected model preset.")
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from c2w.runtime.errors import C2WUserError
+from c2w.runtime.errors import C2WUserError, state_dict_mismatch
 from c2w.runtime.model.config import ModelConfig, preset
 from c2w.runtime.model.flow import NOISE_SEED, FlowModel
 from c2w.runtime.model.hift import HiftVocoder, hift_state_dict_from_checkpoint
@@ -104,21 +104,11 @@ def _load_tensor_file(path: Path) -> dict:
 
 
 def check_state_dict(what: str, module: nn.Module, sd: dict) -> None:
-    """Raise one C2WUserError listing every missing, unexpected and mis-shaped key."""
-    want = module.state_dict()
-    missing = sorted(set(want) - set(sd))
-    unexpected = sorted(set(sd) - set(want))
-    bad = [f"{k}: {tuple(sd[k].shape)} vs {tuple(want[k].shape)}"
-           for k in sorted(set(want) & set(sd)) if tuple(sd[k].shape) != tuple(want[k].shape)]
-    if missing or unexpected or bad:
-        parts = []
-        if missing:
-            parts.append(f"missing {len(missing)} keys {missing[:8]}")
-        if unexpected:
-            parts.append(f"unexpected {len(unexpected)} keys {unexpected[:8]}")
-        if bad:
-            parts.append(f"{len(bad)} shape mismatches (received vs expected) {bad[:8]}")
-        raise C2WUserError(what, "; ".join(parts), "the keys and shapes of the configured model",
+    """Raise one C2WUserError listing the missing, unexpected and mis-shaped keys."""
+    problems = state_dict_mismatch({k: tuple(v.shape) for k, v in sd.items()},
+                                   {k: tuple(v.shape) for k, v in module.state_dict().items()})
+    if problems:
+        raise C2WUserError(what, problems, "the keys and shapes of the configured model",
                            "Is the checkpoint for another model config? Put the right c2w_config.json beside it.")
 
 

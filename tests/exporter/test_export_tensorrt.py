@@ -104,11 +104,11 @@ def graph_export(monkeypatch, graph_store):
     return broken
 
 
-@pytest.fixture
-def fake_tensorrt(monkeypatch, graph_export):
-    """The stand-ins, and the faults a test may inject: `wrong` (group, profile index) pairs whose
-    engine computes wrong outputs, `broken` groups whose graph export raises."""
-    faults = {"wrong": set(), "broken": graph_export}
+def install_fake_tensorrt(monkeypatch) -> set:
+    """The stand-ins for the SDK, the plan build and the plan's engine (the graph export stays
+    whatever the caller makes it); returns the `wrong` (group, profile index) pairs whose engine
+    computes wrong outputs, empty, for the caller to fill."""
+    wrong = set()
     # the SDK as the backend sees it (not in sys.modules: torch looks for a real tensorrt there)
     monkeypatch.setattr(TensorRTBackend, "_import", lambda self: types.SimpleNamespace(__version__=VERSION))
 
@@ -117,13 +117,20 @@ def fake_tensorrt(monkeypatch, graph_export):
         return {"device_memory_per_profile": None}
 
     def load(self, info, weights, device):
-        return _OnnxStandIn(info, (_group(info.path), info.extra["profile_index"]) in faults["wrong"])
+        return _OnnxStandIn(info, (_group(info.path), info.extra["profile_index"]) in wrong)
     monkeypatch.setattr(tensorrt_plan, "build_engine_from_onnx", build)
     monkeypatch.setattr(TensorRTBackend, "load", load)
     # what TensorRT holds is not measured here: each key costs its estimate (a stand-in engine
     # in another process would not exist there)
     monkeypatch.setattr(c2w.runtime.memory, "MeasureProcess", EstimatedMemory)
-    return faults
+    return wrong
+
+
+@pytest.fixture
+def fake_tensorrt(monkeypatch, graph_export):
+    """The stand-ins, and the faults a test may inject: `wrong` (group, profile index) pairs whose
+    engine computes wrong outputs, `broken` groups whose graph export raises."""
+    return {"wrong": install_fake_tensorrt(monkeypatch), "broken": graph_export}
 
 
 def _profile():

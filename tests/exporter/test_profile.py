@@ -49,3 +49,14 @@ def test_non_utf8_profile_is_a_user_error(tmp_path):
     f.write_bytes(b"name: caf\xe9\n")
     with pytest.raises(C2WUserError, match="a UTF-8 YAML file"):
         load_profile(f)
+
+
+def test_the_runtime_names_the_backends_and_each_has_a_builder():
+    """One list of backend names, the runtime's registry: profiles accept exactly those, and the
+    exporter has a builder for each (and for nothing else)."""
+    from c2w.exporter import profile
+    from c2w.exporter.backends import _BUILDERS, get_builder
+    from c2w.runtime.engines import NAMES
+    assert profile.BACKENDS is NAMES
+    assert sorted(_BUILDERS) == sorted(NAMES)
+    assert [get_builder(name).name for name in NAMES] == list(NAMES)

@@ -220,6 +220,7 @@ def test_the_version_floor_is_declared_once():
     operator data and the package's `trt` extra follow it."""
     from c2w.exporter import trt_check
     assert rt.INSTALL_LINE == PIP and rt.FLOOR == "10.12"
-    assert trt_check.parse_trt_version(rt.FLOOR) == rt.MIN_VERSION
+    assert rt.check_trt_version(rt.FLOOR) == rt.MIN_VERSION
+    assert trt_check.check_trt_version is rt.check_trt_version      # one decision for both sides
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert f'"tensorrt>={rt.FLOOR}"' in pyproject

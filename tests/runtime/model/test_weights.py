@@ -29,7 +29,7 @@ def test_checkpoint_for_another_config_lists_the_mismatches(tmp_path):
     torch.save(m.flow.state_dict(), tmp_path / "flow.pt")
     torch.save(m.hift.state_dict(), tmp_path / "hift.pt")
     # no c2w_config.json: the full preset is assumed, and the tiny tensors do not fit it
-    with pytest.raises(C2WUserError, match=r"flow.pt'.*missing \d+ keys.*shape mismatches \(received vs expected\)"
+    with pytest.raises(C2WUserError, match=r"flow.pt': received \d+ missing, 0 unexpected, \d+ mismatched: missing keys \[.*\.\.\. \d+ more\].*shape mismatches \(received vs expected\)"
                                            r".*encoder.embed.out.0.weight: \(128, 128\) vs \(512, 512\)"):
         load_model(str(tmp_path))
 
