@@ -25,5 +25,5 @@ def test_ci_runs_exactly_the_readme_commands():
 def test_the_dev_extra_has_what_the_tests_import():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = {re.split(r"[<>=\[ ]", d)[0] for d in extras["dev"]}
-    assert {"pytest", "onnx", "onnxruntime", "scipy", "einops", "matplotlib", "websockets"} <= names
+    assert {"pytest", "pytest-xdist", "onnx", "onnxruntime", "scipy", "einops", "matplotlib", "websockets"} <= names
     assert '-e ".[dev]"' in readme_setup_commands()[0]
