@@ -644,16 +644,16 @@ class StreamServer:
                 self._residents.append(R)
                 for s, _ in part:
                     s.resident = R
-            done = time.monotonic()
+            done, seconds = time.monotonic(), pcm.shape[1] / self.driver.cfg.hift.sampling_rate
             for s, r in part:
                 s.lengths, s.finished = lengths, r.last
                 if s.playback_start is None:
                     s.playback_start = done
-                s.audio_s += pcm.shape[1] / self.driver.cfg.hift.sampling_rate
+                s.audio_s += seconds
                 if r.last:
                     self._leave(s)
             self._trim_residents()
-            self._seconds[(sig, size)] = time.monotonic() - t0
+            self._seconds[(sig, size)] = done - t0
             self._calls[("engine" if engine else "eager", size)] += 1
             self._counts["chunks"] += n
             self._counts["padded_rows"] += size - n
