@@ -54,7 +54,9 @@ def seed_artifacts(src: Path, dst: Path, ids: set[str]) -> int:
     are not intact (size, sha256), or that name no shared files (an older layout), are left out.
     Returns how many were copied. The exporter then reuses an entry only if its identity (model
     digest, key, backend and torch versions, device, precision, weights layout) is what it would
-    build now, and builds every other key."""
+    build now, and builds every other key. What `src` measured is not copied (each entry's
+    resident bytes, the engines' shared state, the whole directory): those numbers belong to
+    `src`'s set of keys, so the export into `dst` measures the seeded keys against its own budget."""
     from c2w.runtime.manifest import file_problem, read_manifest, write_manifest
     try:
         m = read_manifest(src)
@@ -68,13 +70,13 @@ def seed_artifacts(src: Path, dst: Path, ids: set[str]) -> int:
         if file_problem(src, e.artifact, e.artifact_bytes, e.artifact_sha256) or any(
                 file_problem(src, rel, m.shared[rel]["bytes"], m.shared[rel]["sha256"]) for rel in files):
             continue
-        entries.append(e)
+        entries.append(dataclasses.replace(e, device_bytes=None, memory_kind=""))
         shared.update({rel: m.shared[rel] for rel in files})
     for rel in [e.artifact for e in entries] + sorted(shared):
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / rel, dst / rel)
     if entries:
-        write_manifest(dst, dataclasses.replace(m, entries=entries, shared=shared))
+        write_manifest(dst, dataclasses.replace(m, entries=entries, shared=shared, engine_shared_bytes={}, measured={}))
     return len(entries)
 
 
