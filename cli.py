@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -141,6 +142,9 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
            backend: Optional[str] = typer.Option(None, help="override the profile's backend"),
            model: Optional[str] = typer.Option(None, help="override the model spec: checkpoint dir or random:full|tiny"),
            shard: str = typer.Option("1/1", help="build only shard K of N of the selected keys"),
+           measure_at_merge: bool = typer.Option(False, "--measure-at-merge",
+                                                 help="with --shard, for parallel shards on one GPU: keep built keys "
+                                                      "by their estimates; c2w merge measures the memory"),
            dry_run: bool = typer.Option(False, "--dry-run", help="plan (and for tensorrt: check the ONNX graphs) only"),
            verbose: bool = typer.Option(False, "--verbose", "-v")):
     """Export every selected key of the profile as a verified exact-shape artifact."""
@@ -149,16 +153,26 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
     _quiet(verbose)
     p = _load(profile, backend, model)
     out = out or Path("artifacts") / p.name
+    shard_k_n = _parse_shard(shard)
+    if measure_at_merge and shard_k_n[1] == 1:
+        raise C2WUserError("--measure-at-merge", f"with --shard {shard}", "a sharded export (--shard K/N, N > 1)",
+                           "Leave it out: an export that is not sharded measures its own keys.")
     if dry_run:
         console.print(dry_run_summary(p, out), highlight=False, soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
         task = bar.add_task(f"export {p.name} ({p.backend})", total=None)
 
+        t0 = time.perf_counter()
+
         def progress(doing: str, i: int, n: int):
             bar.update(task, total=n, completed=i, description=doing)
+            if not console.is_terminal:         # a CI log or a file: one line per step instead of the bar
+                console.print(f"[{time.perf_counter() - t0:7.1f} s] {i}/{n} {doing}", highlight=False,
+                              markup=False, soft_wrap=True)
         try:
-            res = export_profile(p, out, dry_run=dry_run, shard=_parse_shard(shard), on_progress=progress)
+            res = export_profile(p, out, dry_run=dry_run, shard=shard_k_n, measure=not measure_at_merge,
+                                 on_progress=progress)
         except ExportInterrupted as e:
             bar.stop()
             err.print(str(e), highlight=False, markup=False)
@@ -228,14 +242,27 @@ def verify(out: Path = typer.Argument(..., help="artifact directory"),
 def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
           shards: list[Path] = typer.Argument(..., help="artifact directories of `c2w export --shard K/N` jobs")):
     """Combine the artifact directories of sharded export jobs into one."""
+    from c2w.exporter.budget import mib
     from c2w.exporter.merge import merge_dirs
     from c2w.runtime.manifest import Status
-    m = merge_dirs(out, shards)
+    res = merge_dirs(out, shards)
+    m = res.manifest
     n = sum(e.status == Status.BUILT for e in m.entries)
-    over = sum(e.status == Status.OVER_BUDGET for e in m.entries)
-    console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}", highlight=False)
-    console.print(f"{over} keys over the budget of the whole (by the shards' measurements); c2w verify measures the "
-                  "merged directory", highlight=False)
+    console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}", highlight=False,
+                  soft_wrap=True)
+    console.print(f"{len(res.over_budget)} keys over the budget of the whole by the shards' measurements",
+                  highlight=False, soft_wrap=True)
+    if res.measure_error:
+        err.print(f"error: the merged directory could not be measured: {res.measure_error}", highlight=False,
+                  markup=False, soft_wrap=True)
+        raise typer.Exit(1)
+    if m.measured:
+        console.print(f"measured together in a fresh process ({m.measured['kind']}): {mib(m.measured['total_bytes'])} "
+                      f"MiB of {mib(m.budget_bytes)} MiB; {len(res.measured_over)} more keys over the budget by it",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"not measured together: {res.not_measured or 'every key was measured by its shard'}; c2w verify "
+                      "measures the merged directory", highlight=False, soft_wrap=True)
 
 
 def _traffic_profile(out: Path, profile: Optional[str]):

@@ -8,8 +8,12 @@ holds when that total is at most `budget_bytes` (docs/budget.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from c2w.runtime.manifest import Entry, Manifest, Status
+import torch
+
+from c2w.runtime import memory
+from c2w.runtime.manifest import Entry, Manifest, Status, write_manifest
 
 # Two measurements of the same directory in fresh processes differ by about 0.1 % on the CPU
 # (docs/budget.md); `c2w verify` re-measures and allows this much over the budget before failing,
@@ -47,8 +51,9 @@ class Ledger:
     def fits(self, component: str, nbytes: int) -> bool:
         return self.total() + self.cost(component, nbytes) <= self.budget
 
-    def keep(self, entry: Entry) -> None:
-        self.kept[entry.id] = (entry.component, entry.device_bytes or 0)
+    def keep(self, entry: Entry, nbytes: int | None = None) -> None:
+        """Count `entry` as kept, at `nbytes` (default: its measured bytes)."""
+        self.kept[entry.id] = (entry.component, (entry.device_bytes or 0) if nbytes is None else nbytes)
 
     def over_budget_reason(self, entry: Entry) -> str:
         """Why `entry` is not kept, for its manifest `error`."""
@@ -82,3 +87,86 @@ def recorded_ledger(m: Manifest) -> tuple[Ledger, list[str]]:
 def overrun(what: str, total: int, budget: int, parts: str) -> str:
     return (f"over budget: {what} {mib(total)} MiB ({parts}), budget {mib(budget)} MiB: {mib(total - budget)} MiB "
             "over")
+
+
+def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
+                       got: dict | None = None) -> tuple[list[Entry], str | None]:
+    """Hold the budget for the directory's built keys as they measure loaded together in a fresh
+    process (`got`: such a measurement of exactly them, when one was already taken). While the
+    total is over the budget, the keys from the first one that takes it over become
+    `over_budget`, artifacts no kept key uses are removed, and the rest is measured again. Each
+    kept key's bytes, each component's engine state and the directory's total are recorded on
+    the manifest (written after every cut). Returns (the entries it marked over budget, the
+    measurement's error or None); after an error `manifest.measured` holds it."""
+    budget, kind = manifest.budget_bytes, memory.memory_kind(device)
+    built = [e for e in manifest.entries if e.status == Status.BUILT]
+    dropped: list[Entry] = []
+    while built:
+        try:
+            got = got or memory.measure_directory(out_dir, manifest, device)
+        except memory.MeasureError as err:
+            manifest.measured = {"error": str(err)}
+            return dropped, str(err)
+        per_key = got.pop("per_key")
+        first = next((i for i, (_, _, total) in enumerate(per_key) if total > budget), None)
+        if first is None:
+            by_id = manifest.by_id()
+            for key_id, own, _ in per_key:
+                by_id[key_id].device_bytes, by_id[key_id].memory_kind = own, kind
+            manifest.engine_shared_bytes.update(got["engine_shared_bytes"])
+            manifest.measured = got
+            return dropped, None
+        why = (f"over budget: the directory measured {mib(per_key[first][2])} MiB in a fresh process with the "
+               f"keys up to {per_key[first][0]}, budget {mib(budget)} MiB")
+        for e in built[first:]:
+            e.status, e.error = Status.OVER_BUDGET, why
+        dropped += built[first:]
+        remove_unused_artifacts(out_dir, manifest, built[first:])
+        write_manifest(out_dir, manifest)
+        built, got = built[:first], None
+    manifest.measured = {}
+    return dropped, None
+
+
+def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device) -> tuple[list[Entry], str | None]:
+    """Hold the budget for built keys no export measured (a merge of `--measure-at-merge` shards),
+    as an export does while it builds: in plan order, each built key is loaded into one fresh
+    measurement process next to the keys kept before it and measured there; it is kept if its
+    bytes fit what is left of the budget, else it is `over_budget` and unloaded, and the next key
+    is tried. The kept keys are then recorded as measured together (`fit_by_measurement`, in a
+    new process if any key was unloaded: memory it freed is reused by later loads). Returns (the
+    entries over budget, the measurement's error or None)."""
+    ledger, kind = Ledger(manifest.budget_bytes, dict(manifest.weight_bytes)), memory.memory_kind(device)
+    held, over = [], []
+    try:
+        with memory.MeasureProcess(out_dir, manifest, device) as probe:
+            for e in [e for e in manifest.entries if e.status == Status.BUILT]:
+                got = probe.add(e)
+                for comp, n in got["shared"].items():
+                    ledger.shared.setdefault(comp, n)
+                e.device_bytes, e.memory_kind = got["bytes"], kind
+                if ledger.fits(e.component, e.device_bytes):
+                    ledger.keep(e)
+                    held.append((e, got))
+                else:
+                    e.status, e.error = Status.OVER_BUDGET, ledger.over_budget_reason(e)
+                    over.append(e)
+                    probe.drop(e.id)
+    except memory.MeasureError as err:
+        manifest.measured = {"error": str(err)}
+        return over, str(err)
+    remove_unused_artifacts(out_dir, manifest, over)
+    write_manifest(out_dir, manifest)
+    got = None if over else {"kind": kind, **memory.summarize(manifest.weight_bytes, held)}
+    dropped, error = fit_by_measurement(out_dir, manifest, device, got)
+    return over + dropped, error
+
+
+def remove_unused_artifacts(out_dir: Path, manifest: Manifest, entries: list[Entry]) -> None:
+    """Delete the artifacts of `entries` over budget that no built key of `manifest` uses (a
+    TensorRT plan serves several keys) and clear their file fields."""
+    in_use = {e.artifact for e in manifest.entries if e.status == Status.BUILT}
+    for e in entries:
+        if e.status == Status.OVER_BUDGET and e.artifact and e.artifact not in in_use:
+            (Path(out_dir) / e.artifact).unlink(missing_ok=True)
+            e.artifact, e.artifact_bytes, e.artifact_sha256 = None, 0, ""

@@ -19,6 +19,9 @@ One loop for every backend; a backend's builder only builds (exporter/backends/b
   plan's own estimate-based cut said, a key is tried whenever the measured room allows. At the
   end the directory is measured again in another fresh process and recorded in the manifest;
   keys from the first one that takes that total over the budget are `over_budget` too.
+  Parallel shards on one GPU cannot measure (a device-wide reading includes the other shards):
+  with `measure=False` a shard keeps what it builds by the estimates and leaves the measurement
+  to `c2w merge` (docs/budget.md).
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from typing import Callable
 import torch
 
 from c2w.exporter.backends import Builder, BuildJob, get_builder
-from c2w.exporter.budget import Ledger, mib
+from c2w.exporter.budget import Ledger, fit_by_measurement, remove_unused_artifacts
 from c2w.exporter.plan import Plan, PlannedKey, make_plan, precision_weights, require_selection
 from c2w.exporter.profile import Profile
 from c2w.runtime import memory
@@ -101,17 +104,19 @@ def _in_shard(i: int, shard: tuple[int, int]) -> bool:
 
 
 def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, shard: tuple[int, int] = (1, 1),
-                   on_progress: Callable[[str, int, int], None] | None = None) -> ExportResult:
+                   measure: bool = True, on_progress: Callable[[str, int, int], None] | None = None) -> ExportResult:
     """Export every selected key of `profile` into `out_dir` (see the module docstring); with
-    `dry_run`, plan (on the CPU) and run the builder's checks only. `on_progress(doing, i, n)`
-    is called before the i-th of n artifacts. Disk full, read-only or forbidden directory:
-    C2WUserError; what was built stays listed."""
+    `dry_run`, plan (on the CPU) and run the builder's checks only; with `measure=False` (a shard
+    next to others on its GPU), keep built keys by their estimates and leave the memory
+    measurement to `c2w merge`. `on_progress(doing, i, n)` is called before the i-th of n
+    artifacts. Disk full, read-only or forbidden directory: C2WUserError; what was built stays
+    listed."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise C2WUserError("--out", f"'{out_dir}' (an existing file)", "a directory, existing or new",
                            "Name a directory for the artifacts.")
     try:
-        return _export(profile, out_dir, dry_run, shard, on_progress)
+        return _export(profile, out_dir, dry_run, shard, measure, on_progress)
     except OSError as e:
         err = write_error(e, out_dir, "Free space, fix permissions or choose another --out; re-run the same "
                                       "command to resume (finished keys are kept).")
@@ -120,7 +125,7 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
         raise err from None
 
 
-def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, int],
+def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, int], measure: bool,
             on_progress: Callable[[str, int, int], None] | None) -> ExportResult:
     builder = get_builder(profile.backend)
     if not dry_run:
@@ -129,7 +134,8 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
     plan = make_plan(model.cfg, profile, precision_weights(model, profile), shares_weights=True)
     require_selection(plan, profile.source)
     version = DRY_RUN_VERSION if dry_run else builder.backend.version()
-    run = _Run(profile, out_dir, builder, model, device, new_manifest(profile, model, version, device, plan), plan)
+    run = _Run(profile, out_dir, builder, model, device, new_manifest(profile, model, version, device, plan), plan,
+               measure)
     progress = on_progress or (lambda doing, i, n: None)
     if dry_run:                             # what the plan selects by its estimates
         groups = artifact_groups(builder, plan)
@@ -148,7 +154,7 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
         with run.measuring():
             for i, (name, pks) in enumerate(groups):
                 if name in reusable:
-                    progress(f"measuring {name}", i, len(groups))
+                    progress(f"{'measuring' if measure else 'keeping'} {name}", i, len(groups))
                 elif not _in_shard(i, shard) or run.still_over_budget(pks) or run.skip_by_estimate(pks):
                     continue
                 else:
@@ -156,8 +162,9 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
                     run.build(name, pks, units[name])
                 run.admit(pks)
                 write_manifest(out_dir, run.manifest)
-        progress("measuring the directory", len(groups), len(groups))
-        run.measure_final()
+        if measure:
+            progress("measuring the directory", len(groups), len(groups))
+            run.measure_final()
     except KeyboardInterrupt:
         write_manifest(out_dir, run.manifest)
         ids = {pk.key.id for i, (_, pks) in enumerate(groups) if _in_shard(i, shard) for pk in pks if pk.selected}
@@ -171,8 +178,9 @@ class _Run:
     """One export into one directory: what its per-group steps share."""
 
     def __init__(self, profile: Profile, out_dir: Path, builder: Builder, model: Code2Wav, device: torch.device,
-                 manifest: Manifest, plan: Plan):
+                 manifest: Manifest, plan: Plan, measure: bool = True):
         self.profile, self.out_dir, self.builder, self.model, self.device = profile, out_dir, builder, model, device
+        self.measure = measure              # False: kept by estimates, measured by c2w merge
         self.manifest = manifest
         self.build_options = builder.build_options(profile)
         self.result = ExportResult(out_dir, manifest, plan)
@@ -260,7 +268,11 @@ class _Run:
     # ------------------------------------------------------------------ the budget
     @contextlib.contextmanager
     def measuring(self):
-        """The measurement process for the loop (docs/budget.md), stopped whatever happens."""
+        """The measurement process for the loop (docs/budget.md), stopped whatever happens; none
+        when the export does not measure."""
+        if not self.measure:
+            yield
+            return
         self.probe = memory.MeasureProcess(self.out_dir, self.manifest, self.device)
         try:
             yield
@@ -298,6 +310,9 @@ class _Run:
         into the measurement process and measured there. An artifact no kept key uses is removed."""
         kind = memory.memory_kind(self.device)
         entries = [self.entry(pk.key.id) for pk in pks]
+        if not self.measure:
+            self._keep_unmeasured(entries, kind)
+            return
         for e in entries:
             if e.status != Status.BUILT:
                 continue
@@ -322,7 +337,19 @@ class _Run:
                 self._over_budget(e, self.ledger.over_budget_reason(e))
                 self._unload(e.id)
         self.manifest.engine_shared_bytes = dict(self.ledger.shared)
-        self._remove_unused_artifacts(entries)
+        remove_unused_artifacts(self.out_dir, self.manifest, entries)
+
+    def _keep_unmeasured(self, entries: list[Entry], kind: str) -> None:
+        """`admit` for an export that does not measure: every built key is kept, counted in the
+        ledger at its recorded bytes if it has them, else at its estimate (so that the estimate
+        cut of the groups after it sees the room it takes)."""
+        for e in entries:
+            if e.status == Status.BUILT:
+                measured = e.device_bytes is not None and e.memory_kind == kind
+                self.ledger.keep(e, e.device_bytes if measured else e.est_bytes)
+                self.record_shared(e)
+                self.result.reused += e.id in self.reused_ids
+                self.result.built += e.id not in self.reused_ids
 
     def _load(self, e: Entry) -> dict:
         """Load `e` into the measurement process (restarted with the kept keys if it died)."""
@@ -350,51 +377,23 @@ class _Run:
         self.ledger.kept.pop(e.id, None)
         self.result.over_budget += 1
 
-    def _remove_unused_artifacts(self, entries: list[Entry]) -> None:
-        in_use = {e.artifact for e in self.manifest.entries if e.status == Status.BUILT}
-        for e in entries:
-            if e.status == Status.OVER_BUDGET and e.artifact and e.artifact not in in_use:
-                (self.out_dir / e.artifact).unlink(missing_ok=True)
-                e.artifact, e.artifact_bytes, e.artifact_sha256 = None, 0, ""
-
     def measure_final(self) -> None:
         """Record the directory's keys measured together in a fresh process: the loop's own
-        measurement process if it held exactly them, else a new one. Each kept key's bytes and
-        each component's engine state become that measurement's, so that they add up to its
-        total. While the total is over the budget, the keys from the first one that takes it
-        over are `over_budget` and the directory is measured again."""
+        measurement process if it held exactly them, else a new one; keys from the first one
+        that takes the total over the budget become `over_budget` (budget.fit_by_measurement)."""
         write_manifest(self.out_dir, self.manifest)
-        budget, kind = self.manifest.budget_bytes, memory.memory_kind(self.device)
         built = [e.id for e in self.manifest.entries if e.status == Status.BUILT]
         got = None
         if self.only_kept_loaded and [e.id for e, _ in self.held] == built:
-            got = {"kind": kind, **memory.summarize(self.manifest.weight_bytes, self.held)}
-        while built:
-            try:
-                got = got or memory.measure_directory(self.out_dir, self.manifest, self.device)
-            except memory.MeasureError as err:
-                self.manifest.measured = {"error": str(err)}
-                self.result.measure_error = f"the directory could not be measured: {err}"
-                return
-            per_key = got.pop("per_key")
-            first = next((i for i, (_, _, total) in enumerate(per_key) if total > budget), None)
-            if first is None:
-                for key_id, own, _ in per_key:
-                    self.entry(key_id).device_bytes, self.entry(key_id).memory_kind = own, kind
-                self.manifest.engine_shared_bytes.update(got["engine_shared_bytes"])
-                self.manifest.measured = got
-                return
-            why = (f"over budget: the directory measured {mib(per_key[first][2])} MiB in a fresh process with the "
-                   f"keys up to {per_key[first][0]}, budget {mib(budget)} MiB")
-            dropped = [self.entry(key_id) for key_id, _, _ in per_key[first:]]
-            for e in dropped:
-                self._over_budget(e, why)
-                self.result.reused -= e.id in self.reused_ids
-                self.result.built -= e.id not in self.reused_ids
-            self._remove_unused_artifacts(dropped)
-            write_manifest(self.out_dir, self.manifest)
-            built, got = built[:first], None
-        self.manifest.measured = {}
+            got = {"kind": memory.memory_kind(self.device), **memory.summarize(self.manifest.weight_bytes, self.held)}
+        dropped, error = fit_by_measurement(self.out_dir, self.manifest, self.device, got)
+        for e in dropped:
+            self.ledger.kept.pop(e.id, None)
+            self.result.over_budget += 1
+            self.result.reused -= e.id in self.reused_ids
+            self.result.built -= e.id not in self.reused_ids
+        if error:
+            self.result.measure_error = f"the directory could not be measured: {error}"
 
 
 def _artifact_ok(out_dir: Path, e: Entry) -> bool:

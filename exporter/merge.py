@@ -6,23 +6,41 @@ taken from the shard that built it (an entry `built` anywhere wins over `pending
 Each shard held the budget for its own keys only; the merge holds it for the whole: in plan
 order, a built key is kept while the eager weights and engine state of the components in use
 (once each) plus the kept keys' measured bytes fit the budget, and the rest are `over_budget`
-(not copied). The merged directory has not been loaded together (`measured` is empty): `c2w
-verify` measures it in a fresh process (docs/budget.md).
+(not copied). When every kept key was measured by its shard, the merged directory has not been
+loaded together (`measured` is empty) and `c2w verify` measures it in a fresh process. When
+some kept key was not (shards exported with `--measure-at-merge`, parallel on one GPU), the
+merge measures on its device what an export measures while it builds: each built key in plan
+order, loaded next to the ones kept before it, kept if it fits (budget.keep_by_measurement; docs/
+budget.md). On a machine without that device it says so and leaves the measurement to `c2w verify`.
 """
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from c2w.exporter.budget import Ledger
+from dataclasses import dataclass, field
+
+import torch
+
+from c2w.exporter.budget import Ledger, keep_by_measurement, remove_unused_artifacts
 from c2w.runtime.atomic import atomic_output
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.manifest import Manifest, Status, file_sha256, read_manifest, write_manifest
+from c2w.runtime.manifest import Entry, Manifest, Status, file_sha256, read_manifest, write_manifest
+from c2w.runtime.memory import memory_kind
 
 _SAME = ("profile", "model", "backend", "device", "precision", "torch_version")
 
 
-def merge_dirs(out: Path, shards: list[Path]) -> Manifest:
+@dataclass
+class MergeResult:
+    manifest: Manifest
+    over_budget: list[Entry] = field(default_factory=list)      # by the shards' measurements
+    measured_over: list[Entry] = field(default_factory=list)    # by the merge's own measurement
+    not_measured: str | None = None         # why the merge did not measure keys no shard measured
+    measure_error: str | None = None
+
+
+def merge_dirs(out: Path, shards: list[Path]) -> MergeResult:
     if not shards:
         raise C2WUserError("c2w merge", "no shard directories", "one or more directories written by c2w export")
     shards = [Path(s) for s in shards]
@@ -68,13 +86,19 @@ def merge_dirs(out: Path, shards: list[Path]) -> Manifest:
                     _copy(s / rel, out / rel)
             merged.shared.update({rel: files[rel] for rel in weights})
         merged.entries.append(e)
-    in_use = {e.artifact for e in merged.entries if e.status == Status.BUILT}
-    for e in merged.entries:               # merging into a shard's own directory: what it no longer serves goes
-        if e.status == Status.OVER_BUDGET and e.artifact and e.artifact not in in_use:
-            (out / e.artifact).unlink(missing_ok=True)
-            e.artifact, e.artifact_bytes, e.artifact_sha256 = None, 0, ""
+    result = MergeResult(merged, [e for e in merged.entries if e.status == Status.OVER_BUDGET])
+    remove_unused_artifacts(out, merged, result.over_budget)   # merging into a shard's own directory
     write_manifest(out, merged)
-    return merged
+    device = torch.device("cpu" if merged.device == "cpu" else "cuda")
+    if any(e.status == Status.BUILT and (e.device_bytes is None or e.memory_kind != memory_kind(device))
+           for e in merged.entries):
+        if device.type == "cuda" and not torch.cuda.is_available():
+            result.not_measured = (f"built on '{merged.device}' and this machine has no CUDA: run c2w verify on the GPU "
+                                   "machine, which measures the directory")
+        else:
+            result.measured_over, result.measure_error = keep_by_measurement(out, merged, device)
+            write_manifest(out, merged)
+    return result
 
 
 def _copy(src: Path, dst: Path) -> None:

@@ -10,20 +10,28 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 PROFILE=${PROFILE:-benchmarks/h200/h200_core.yaml}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
-# SKIP_EXPORT=1: bench what an earlier call left in /tmp/art/all (chain calls within ~30 s).
+# SKIP_EXPORT=1: merge and bench what an earlier call left in /tmp/art/s* (chain calls within ~30 s).
 if [ -z "${SKIP_EXPORT:-}" ]; then
   t0=$(date +%s)
+  # the shards share this GPU: none measures memory, c2w merge does (docs/budget.md)
+  MEASURE=$([ "$N" -gt 1 ] && echo --measure-at-merge || echo "")
   for k in $(seq 1 $N); do
-    timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N > "$OUT/export_s$k.log" 2>&1 &
+    timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N $MEASURE \
+      > "$OUT/export_s$k.log" 2>&1 &
   done
   wait
   echo "export wall: $(( $(date +%s) - t0 )) s" | tee "$OUT/export_wall.txt"
-  python3 cli.py merge /tmp/art/all /tmp/art/s* 2>&1 | tail -2
+  # the device tool returns a limited number of files: one archive for the shard logs
+  tar czf "$OUT/export_logs.tgz" -C "$OUT" $(cd "$OUT" && ls export_s*.log export_wall.txt) && rm -f "$OUT"/export_s*.log "$OUT/export_wall.txt"
+fi
+# MERGE=0: no merge (export only: merge in the next call; or bench /tmp/art/all as it is).
+if [ "${MERGE:-1}" != 0 ]; then
+  t0=$(date +%s)
+  python3 cli.py merge /tmp/art/all /tmp/art/s* 2>&1 | tail -4
+  echo "merge wall (measures every key on the GPU): $(( $(date +%s) - t0 )) s" | tee "$OUT/merge_wall.txt"
   python3 cli.py report /tmp/art/all --format markdown > "$OUT/report.md"; python3 cli.py report /tmp/art/all --format json > "$OUT/report.json"
   cp /tmp/art/all/manifest.json "$OUT/"
   grep -E "failed|error" "$OUT/report.md" | head -5
-  # the device tool returns a limited number of files: one archive for the shard logs
-  tar czf "$OUT/export_logs.tgz" -C "$OUT" $(cd "$OUT" && ls export_s*.log export_wall.txt) && rm -f "$OUT"/export_s*.log "$OUT/export_wall.txt"
 fi
 # BENCH_S=0: export only.
 if [ "${BENCH_S:-200}" != 0 ]; then

@@ -190,6 +190,66 @@ def test_merge_holds_the_budget_of_the_whole_and_verify_measures_it(measured, tm
     assert result.exit_code == 0 and "budget: measured together in a fresh process" in result.output, result.output
 
 
+def _unmeasured_shard(src, dst, comp, budget):
+    """A copy of `src` as a `--measure-at-merge` shard that built the `comp` keys (None: all)
+    writes it: built keys without device bytes, no engine state, not measured."""
+    shutil.copytree(src, dst)
+    d = json.loads((dst / "manifest.json").read_text())
+    d.update(budget_bytes=budget, engine_shared_bytes={}, measured={})
+    for e in d["entries"]:
+        if e["status"] == "built" and comp not in (None, e["component"]):
+            (dst / e["artifact"]).unlink()
+            e.update(status="pending", artifact=None, artifact_bytes=0, artifact_sha256="", parity={})
+        e.update(device_bytes=None, memory_kind="")
+    (dst / "manifest.json").write_text(json.dumps(d))
+    return dst
+
+
+def test_merge_measures_what_shards_left_unmeasured_and_keeps_what_fits(measured, tmp_path):
+    """Shards exported with --measure-at-merge (parallel on one GPU) measured nothing; the merge
+    loads each built key in plan order next to the kept ones, keeps what fits (the next key is
+    tried after one that does not), drops the rest with its files, and records the directory
+    measured together: the same keys as a budget-holding export of the whole keeps."""
+    src, m0 = measured
+    budget = _partial_budget(m0)
+    shards = [_unmeasured_shard(src, tmp_path / "s1", "flow_encoder", budget),
+              _unmeasured_shard(src, tmp_path / "s2", "hift", budget)]
+    result = runner.invoke(app, ["merge", str(tmp_path / "all"), *map(str, shards)])
+    assert result.exit_code == 0 and "0 keys over the budget of the whole by the shards' measurements" in result.output
+    assert "measured together in a fresh process (host_anon)" in result.output, result.output
+    assert "2 more keys over the budget by it" in result.output, result.output
+    m = read_manifest(tmp_path / "all")
+    status = {e.id: e.status for e in m.entries}
+    assert [k for k in SMALL if status[k] == "built"] == [ENC150, ENC200, ENC100]
+    assert [k for k in SMALL if status[k] == "over_budget"] == [HIFT58, HIFT50]
+    assert not list((tmp_path / "all" / "onnxruntime").glob("hift*"))
+    assert m.measured["keys"] == 3 and m.measured["total_bytes"] <= budget
+    assert all(e.device_bytes is not None and e.memory_kind == "host_anon" for e in m.entries if e.status == "built")
+    assert recorded_ledger(m)[0].total() <= budget
+    result = runner.invoke(app, ["verify", str(tmp_path / "all")])
+    assert result.exit_code == 0 and "budget: measured together in a fresh process" in result.output, result.output
+
+
+def test_a_shard_that_measures_at_merge_starts_no_measurement_and_keeps_by_estimate(measured, tmp_path, monkeypatch):
+    import c2w.runtime.memory
+
+    class NoMeasuring:
+        def __init__(self, *a, **kw):
+            raise AssertionError("a --measure-at-merge shard started a measurement process")
+    monkeypatch.setattr(c2w.runtime.memory, "MeasureProcess", NoMeasuring)
+    d = _unmeasured_shard(measured[0], tmp_path / "s1", None, 90 * MiB)
+    res = export_profile(_profile(90 * MiB), d, shard=(2, 2), measure=False)
+    m = read_manifest(d)
+    built = [e for e in m.entries if e.status == "built"]
+    assert [e.id for e in built] == SMALL and res.reused == 5 and res.exit_code == 0
+    assert all(e.device_bytes is None for e in built) and m.measured == {} and m.engine_shared_bytes == {}
+
+
+def test_measure_at_merge_needs_a_sharded_export():
+    result = runner.invoke(app, ["export", "--profile", "cpu", "--measure-at-merge"])
+    assert result.exit_code == 2 and "--measure-at-merge" in result.output and "--shard K/N" in result.output
+
+
 def test_a_key_whose_measurement_fails_is_failed_and_the_export_exits_1(measured, tmp_path, monkeypatch):
     import c2w.runtime.memory
 
