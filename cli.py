@@ -312,7 +312,7 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
                                                      "each key is timed both ways where its backend captures it")):
     """Latency of eager vs engine vs engine under CUDA-graph replay, per key and per streaming chunk;
     with --serve, concurrent streams through the stream server."""
-    from c2w.exporter.bench import bench_dir, to_markdown, write, write_calibration
+    from c2w.exporter.bench.engines import bench_dir, to_markdown, write, write_calibration
     _quiet(False)
     if out is None:
         if profile is None:
@@ -321,7 +321,7 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
         out = Path("artifacts") / _load(profile, None, None).name
     json_out = json_out or out / ("serve.json" if serve else "bench.json")
     if serve:
-        from c2w.exporter import serve_bench
+        from c2w.exporter.bench import serving
         if arrival not in ("fixed", "poisson"):
             raise C2WUserError("--arrival", repr(arrival), "fixed or poisson")
         levels = _int_list("--concurrency", concurrency)
@@ -331,13 +331,13 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
             raise C2WUserError("--lanes", lanes, "1 or more")
         if token_rate < 0:
             raise C2WUserError("--token-rate", token_rate, "0 (closed loop) or a positive rate in tokens per second")
-        res = serve_bench.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
-                                        steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
-                                        max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate,
-                                        reps=reps, save=lambda r: write(r, json_out, serve_bench.to_markdown),
-                                        cuda_graphs=cuda_graphs)
-        write(res, json_out, serve_bench.to_markdown)
-        typer.echo(serve_bench.to_markdown(res))
+        res = serving.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
+                                    steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
+                                    max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate,
+                                    reps=reps, save=lambda r: write(r, json_out, serving.to_markdown),
+                                    cuda_graphs=cuda_graphs)
+        write(res, json_out, serving.to_markdown)
+        typer.echo(serving.to_markdown(res))
         return
     warm = {} if warmup is None else {"warmup": warmup, "stream_warmup": warmup}
     res = bench_dir(out, reps=reps, keys=keys.split(",") if keys else None,

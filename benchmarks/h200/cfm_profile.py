@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from c2w.exporter.backends.aoti import build_aoti  # noqa: E402
-from c2w.exporter.bench import timed  # noqa: E402
+from c2w.exporter.bench.engines import timed  # noqa: E402
 from c2w.runtime.engines.aoti import AOTIBackend, CudaGraphed, GraphPool  # noqa: E402
 from c2w.runtime.engines.base import ArtifactInfo  # noqa: E402
 from c2w.runtime.model.config import preset  # noqa: E402

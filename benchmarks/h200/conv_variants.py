@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from c2w.exporter.bench import timed  # noqa: E402
+from c2w.exporter.bench.engines import timed  # noqa: E402
 from c2w.runtime.model.dit import CausalConvBlock, parts  # noqa: E402
 
 

@@ -67,7 +67,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from c2w.exporter.bench import snr_db, timed  # noqa: E402
+from c2w.exporter.bench.engines import snr_db, timed  # noqa: E402
 from c2w.runtime.model import hift as H  # noqa: E402
 from c2w.runtime.model.config import preset  # noqa: E402
 from c2w.runtime.model.weights import init_random_, load_model  # noqa: E402

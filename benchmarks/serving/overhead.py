@@ -19,7 +19,7 @@ import time
 import torch
 
 from c2w import runtime
-from c2w.exporter.serve_bench import session_inputs
+from c2w.exporter.bench.serving import session_inputs
 from c2w.runtime import serving
 
 PHASES = ("submit", "wake", "before_step", "step", "after_step", "delivery")

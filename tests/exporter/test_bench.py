@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from c2w.cli import app
-from c2w.exporter.bench import bench_dir, to_markdown
+from c2w.exporter.bench.engines import bench_dir, to_markdown
 from c2w.runtime.units import SPECS
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ def bench_run(ort_artifacts, tmp_path_factory):
     B=1 28-token row. Returns (result, what it wrote, (stream rows, key rows) at every save)."""
     import logging
 
-    import c2w.exporter.bench as bench
+    import c2w.exporter.bench.engines as bench
     import c2w.runtime.cache
     import c2w.runtime.manifest
     out = tmp_path_factory.mktemp("bench") / "b.json"
@@ -112,7 +112,7 @@ def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(bench_run):
 def _bench_stand_in(monkeypatch, result):
     """The CLI's bench_dir, recording its arguments and returning `result` (a real run's): the
     command is an adapter over the library function the tests above run."""
-    import c2w.exporter.bench as bench
+    import c2w.exporter.bench.engines as bench
     calls = []
 
     def stand_in(artifact_dir, **kw):
@@ -126,7 +126,7 @@ def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
     """Streaming rows cover the schedule's chunk sizes plus those of built extra encoder keys."""
     import dataclasses
 
-    from c2w.exporter.bench import chunk_sizes
+    from c2w.exporter.bench.engines import chunk_sizes
     from c2w.runtime.manifest import read_manifest
     m = read_manifest(ort_artifacts)
     assert chunk_sizes(m, 1) == [28]
@@ -180,7 +180,7 @@ def test_bench_cli_writes_json_and_markdown_beside_the_artifacts_and_says_what_i
 def test_snr_and_fidelity_values():
     import torch
 
-    from c2w.exporter.bench import fidelity, snr_db
+    from c2w.exporter.bench.engines import fidelity, snr_db
     ref = torch.ones(1000, dtype=torch.float64)
     assert snr_db(ref, ref) == float("inf")
     assert abs(snr_db(ref * 1.1, ref) - 20.0) < 1e-9            # error 0.1 of the signal -> 20 dB
@@ -193,7 +193,7 @@ def test_session_fidelity_plumbing(ort_artifacts):
     stay within the HiFT engine tolerance of it."""
     import torch
 
-    from c2w.exporter.bench import session_fidelity
+    from c2w.exporter.bench.engines import session_fidelity
     from c2w.runtime.cache import EngineCache
     from c2w.runtime.manifest import read_manifest
     from c2w.runtime.model.weights import load_model
@@ -225,7 +225,7 @@ def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
     memory (a graph pool) and 3 outside it, so each engine is credited exactly that."""
     import torch
 
-    from c2w.exporter.bench import load_memory, to_markdown
+    from c2w.exporter.bench.engines import load_memory, to_markdown
     from c2w.runtime.cache import EngineCache
     from c2w.runtime.manifest import read_manifest
     from c2w.runtime.model.weights import load_model
@@ -261,7 +261,7 @@ def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
 def test_timed_runs_setup_outside_the_call_once_per_rep():
     import torch
 
-    from c2w.exporter.bench import timed
+    from c2w.exporter.bench.engines import timed
     made, got = [], []
 
     def setup():

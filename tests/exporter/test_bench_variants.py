@@ -4,7 +4,7 @@ attributes. Pure bookkeeping: no GPU, no TensorRT, no artifacts."""
 import pytest
 import torch
 
-from c2w.exporter.bench import engine_variants, served_variant
+from c2w.exporter.bench.engines import engine_variants, served_variant
 from c2w.runtime.engines import get_backend
 from tests.runtime.test_aoti_graph_policy import info_for
 

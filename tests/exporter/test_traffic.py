@@ -7,7 +7,7 @@ import torch
 from typer.testing import CliRunner
 
 from c2w.cli import app
-from c2w.exporter.bench import bench_traffic, calibration
+from c2w.exporter.bench.engines import bench_traffic, calibration
 from c2w.exporter.flops import unit_flops
 from c2w.exporter.plan import make_plan, precision_weights
 from c2w.exporter.profile import Traffic, load_profile, parse_profile

@@ -554,7 +554,7 @@ def test_a_scheduler_bug_fails_waiting_callers_instead_of_hanging_them(rt, monke
 def test_serving_benchmark_counts_every_chunk_and_paces_clients(serve_dir):
     """`c2w bench --serve` on the tiny artifacts, clients paced at 200 tokens/s: every chunk
     arrives once with its length and sampled streams equal their solo runs."""
-    from c2w.exporter.serve_bench import bench_serving, to_markdown
+    from c2w.exporter.bench.serving import bench_serving, to_markdown
     res = bench_serving(serve_dir, concurrency=[2], steady_chunks=1, stagger_ms=5, token_rate=200.0,
                         check_streams=1, reps=1)
     assert [r["N"] for r in res["levels"]] == [2] and res["token_rate"] == 200.0
@@ -568,7 +568,7 @@ def test_paced_client_submits_no_chunk_before_its_tokens_exist():
     """A paced client (token_rate r) submits chunk j >= 1 no earlier than r tokens per second
     after its first chunk allows; the first chunk goes as soon as the prompt is ready."""
     from concurrent.futures import Future
-    from c2w.exporter.serve_bench import _client
+    from c2w.exporter.bench.serving import _client
 
     def done(value):
         f = Future()

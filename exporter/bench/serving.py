@@ -194,7 +194,7 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
                   lanes: int = 1, token_rate: float = 0.0, check_streams: int = 2, reps: int = 10, seed: int = 0,
                   save=lambda res: None, cuda_graphs: bool | None = None) -> dict:
     from c2w import runtime
-    from c2w.exporter.bench import _commit
+    from c2w.exporter.bench.engines import _commit
     rt = runtime.load(artifact_dir, cuda_graphs=cuda_graphs)
     P = int(rt.schedule.get("prompt_frames", 300))
     dev = rt.driver._device()
