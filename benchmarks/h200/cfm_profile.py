@@ -28,8 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from c2w.exporter.backends.aoti import build_aoti  # noqa: E402
 from c2w.exporter.bench.engines import timed  # noqa: E402
-from c2w.runtime.engines.aoti import AOTIBackend, CudaGraphed, GraphPool  # noqa: E402
+from c2w.runtime.engines.aoti import AOTIBackend  # noqa: E402
 from c2w.runtime.engines.base import ArtifactInfo  # noqa: E402
+from c2w.runtime.engines.graphs import CapturedCall, GraphPool  # noqa: E402
 from c2w.runtime.model.config import preset  # noqa: E402
 from c2w.runtime.model.dit import Attention, parts  # noqa: E402
 from benchmarks.h200.dit_variants import apply as apply_variants  # noqa: E402
@@ -119,7 +120,7 @@ def main() -> None:
     with torch.inference_mode():
         want = unit(*x)
         res["eager"] = timed(lambda: unit(*x), dev, 3, a.reps)
-        g = CudaGraphed(lambda *i: unit(*i), info.input_shapes, [t.dtype for t in x], dev, GraphPool(dev))
+        g = CapturedCall(lambda *i: unit(*i), info.input_shapes, [t.dtype for t in x], dev, GraphPool(dev))
         res["eager_graph"] = timed(lambda: g(*x), dev, 3, a.reps)
         eng = AOTIBackend(cuda_graphs=True, graph_max_bytes=None).load(info, weights, dev)
         res["engine_graph"] = timed(lambda: eng.run(x), dev, 3, a.reps)

@@ -25,7 +25,7 @@ import torch
 from c2w.runtime.atomic import atomic_write
 from c2w.runtime.cache import EngineCache
 from c2w.runtime.engines import get_backend
-from c2w.runtime.engines.aoti import CudaGraphed, GraphPool
+from c2w.runtime.engines.graphs import CapturedCall, GraphPool
 from c2w.runtime.manifest import Manifest, model_from_manifest, read_manifest
 from c2w.runtime.model.weights import load_model
 from c2w.runtime.stream import StreamDriver
@@ -157,8 +157,8 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         variants = engine_variants(manifest.backend["name"], info, device)
         if device.type == "cuda":
             try:
-                g = CudaGraphed(lambda *a: eager.run(key, list(a)), info.input_shapes,
-                                [t.dtype for t in inputs], device, GraphPool(device))
+                g = CapturedCall(lambda *a: eager.run(key, list(a)), info.input_shapes,
+                                 [t.dtype for t in inputs], device, GraphPool(device))
                 row["eager_graph"] = timed(lambda: g(*inputs), device, warmup, reps)
                 row["eager_graph"]["max_rel_l2_vs_eager"] = max(rel_l2(a, b) for a, b in zip(g(*inputs), want))
             except Exception as exc:

@@ -8,35 +8,30 @@ before its constants are bound (that segfaults). A unit whose export lifted cons
 
 The CFM is compiled as one Euler step (`extra["cfm_step"]`) and replayed n times by
 `EulerReplay`. On CUDA an engine whose graph inputs are small enough (`graph_max_bytes`) is
-captured into a CUDA graph at load (static input buffers; packages loaded with
-run_single_threaded=True, as AOTI requires for capture), so a call is: copy inputs in, one replay,
-clone outputs out. For the CFM the graph is ONE Euler step, replayed n times per chunk: capturing
-the n-step replay of a single-threaded package as one graph computes the right values only for
-the first inputs after capture and NaN for any other (H200; docs/aoti.md, "GPU-only failures").
-All graphs of a backend share one memory pool for their intermediates (`GraphPool`), so N graphs
-cost N x (static inputs + outputs), not N x workspace. Larger engines run the package directly:
-their kernels are long enough to hide the launches, and static copies of multi-GB stream caches
-would cost more memory and bandwidth than the graph saves. Capture is a loading option
-(`runtime.load(..., cuda_graphs=False)`); C2W_AOTI_CUDA_GRAPHS=0 or 1, when set, overrides it
-(`cuda_graphs_setting`).
+captured into a CUDA graph at load (`CapturedCall` of runtime.engines.graphs: static input
+buffers; packages loaded with run_single_threaded=True, as AOTI requires for capture), so a call
+is: copy inputs in, one replay, clone outputs out. For the CFM the graph is ONE Euler step,
+replayed n times per chunk: capturing the n-step replay of a single-threaded package as one graph
+computes the right values only for the first inputs after capture and NaN for any other (H200;
+docs/aoti.md, "GPU-only failures"). All graphs of a backend share one memory pool for their
+intermediates (`GraphPool`, `AOTIBackend.pool`), so N graphs cost N x (static inputs + outputs),
+not N x workspace. Larger engines run the package directly: their kernels are long enough to hide
+the launches, and static copies of multi-GB stream caches would cost more memory and bandwidth
+than the graph saves. Capture is a loading option (`runtime.load(..., cuda_graphs=False)`);
+C2W_AOTI_CUDA_GRAPHS=0 or 1, when set, overrides it (`cuda_graphs_setting`).
 """
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from typing import Mapping, Sequence
 
 import torch
 
 from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
+from c2w.runtime.engines.graphs import CapturedCall, GraphPool, as_list
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.dit import euler_schedule
 from c2w.runtime.units import tensor_bytes
-
-
-def _as_list(out) -> list[torch.Tensor]:
-    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 class EulerReplay:
@@ -63,104 +58,17 @@ class EulerReplay:
         for s in range(len(self.t)):
             args = (mu, spk, cond, x_in, cnn_cache[s], att_cache[s], self.t[s], self.dt[s])
             outs = (x, cnn_out[s], att_out[s])
-            if isinstance(self.step, CudaGraphed):
+            if isinstance(self.step, CapturedCall):
                 self.step(*args, out=outs)
             else:
-                for dst, src in zip(outs, _as_list(self.step(*args))):
+                for dst, src in zip(outs, as_list(self.step(*args))):
                     dst.copy_(src)
             x_in = x
         return x, cnn_out, att_out
 
     def release(self) -> None:
-        if isinstance(self.step, CudaGraphed):
+        if isinstance(self.step, CapturedCall):
             self.step.release()
-
-
-class GraphPool:
-    """One CUDA-graph memory pool shared by several captures, and what makes sharing it safe.
-
-    Graphs in one pool reuse each other's intermediate memory, so their replays must never
-    overlap: a replay (copy in, replay, clone out) holds `lock`, and waits on the GPU for the
-    previous replay, whichever stream that ran on (no host sync).
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.handle = torch.cuda.graph_pool_handle()
-        self.lock = threading.Lock()
-        self.done = torch.cuda.Event()
-        self.used = False
-        self.captured = 0               # captures attempted into this pool (failed ones too)
-        self.live = 0                   # graphs captured and not yet released
-        self._count_lock = threading.Lock()   # not `lock`: a finalizer may run while it is held
-
-    @property
-    def retired(self) -> bool:
-        """Every graph of the pool is gone, so PyTorch has released the pool: capturing into the
-        same handle again trips an internal assert (`use_count > 0`, seen on the H200 when the
-        exporter verified a second key after releasing the first one's engine). Use a new pool."""
-        return self.captured > 0 and self.live == 0
-
-    def _added(self) -> None:
-        with self._count_lock:
-            self.live += 1
-
-    def _dropped(self) -> None:
-        with self._count_lock:
-            self.live -= 1
-
-
-class CudaGraphed:
-    """Capture `fn(*static_inputs)` once; each call copies inputs in, replays, clones outputs.
-
-    Outputs are cloned (or copied into `out`) because callers keep them (stream caches) while
-    the next replay, for another stream, overwrites the static buffers.
-    """
-
-    def __init__(self, fn, shapes, dtypes, device: torch.device, pool: GraphPool | None = None):
-        self.pool = pool or GraphPool(device)
-        self.inputs = [torch.zeros(s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
-        with self.pool.lock:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(2):                       # warm-up outside the capture
-                    fn(*self.inputs)
-            torch.cuda.current_stream(device).wait_stream(side)
-            if self.pool.retired:
-                raise RuntimeError("capture into a retired GraphPool (all its graphs were released); "
-                                   "take a new pool (AOTIBackend.pool does)")
-            self.graph = torch.cuda.CUDAGraph()
-            # counted before capturing: a capture that fails may still have registered the pool
-            # with PyTorch, and a pool with no live graph must not be captured into again
-            self.pool.captured += 1
-            with torch.cuda.graph(self.graph, pool=self.pool.handle):
-                self.outputs = _as_list(fn(*self.inputs))
-            self.pool._added()
-        # the pool counts this graph as gone once this object is collected or released
-        self._finalizer = weakref.finalize(self, self.pool._dropped)
-
-    def release(self) -> None:
-        self.graph = self.inputs = self.outputs = None
-        self._finalizer()
-
-    def __call__(self, *inputs, out: Sequence[torch.Tensor] | None = None):
-        pool = self.pool
-        with pool.lock:
-            stream = torch.cuda.current_stream(pool.device)
-            if pool.used:
-                stream.wait_event(pool.done)
-            for dst, src in zip(self.inputs, inputs):
-                dst.copy_(src)
-            self.graph.replay()
-            if out is None:
-                out = [o.clone() for o in self.outputs]
-            else:
-                for dst, src in zip(out, self.outputs):
-                    dst.copy_(src)
-            pool.done.record(stream)
-            pool.used = True
-        return out
 
 
 def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.dtype]]:
@@ -209,10 +117,10 @@ class AOTIEngine(Engine):
 
     def run_impl(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         args = [t.to(self.device).contiguous() for t in inputs]
-        return _as_list(self._fn(*args))
+        return as_list(self._fn(*args))
 
     def release(self) -> None:
-        if isinstance(self._fn, (EulerReplay, CudaGraphed)):
+        if isinstance(self._fn, (EulerReplay, CapturedCall)):
             self._fn.release()
         self._fn = None
         self._keep = []
@@ -289,7 +197,7 @@ class AOTIBackend(Backend):
             check_layout(table, (info.extra or {}).get("constant_strides", {}))
             runner.load_constants(table, check_full_update=True, user_managed=True)
             keep.append(table)
-        fn = CudaGraphed(runner, *graph_inputs(info), device, self.pool(device)) if graphed else runner
+        fn = CapturedCall(runner, *graph_inputs(info), device, self.pool(device)) if graphed else runner
         if (info.extra or {}).get("cfm_step"):
             fn = EulerReplay(fn, int(info.extra.get("n_steps", 10)), device)
         return AOTIEngine(info, fn, device, keep)

@@ -73,7 +73,8 @@ class Engine(abc.ABC):
 class Backend(abc.ABC):
     """One backend's runtime side, including its CUDA-graph policy: `cuda_graphs` (the loading
     option as this backend resolved it) and `graphed(info, device)` (whether `load` captures that
-    artifact). A backend that never captures keeps the defaults: off, nothing graphed."""
+    artifact). A backend that never captures keeps the defaults: off, nothing graphed. How a
+    backend captures is runtime.engines.graphs (`CapturedCall`, `GraphPool`)."""
     name: str = ""
     suffix: str = ""                # artifact file suffix, e.g. ".onnx", ".pt2", ".plan"
     captures_cuda_graphs = False    # True: the constructor takes `cuda_graphs` (the loading option)

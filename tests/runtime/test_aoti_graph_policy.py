@@ -143,25 +143,18 @@ def test_a_pool_whose_graphs_are_all_gone_is_replaced(monkeypatch):
 
 
 def test_releasing_an_engine_retires_its_pool(monkeypatch):
-    """The release path: AOTIEngine.release -> CudaGraphed.release -> the pool counts the graph
-    as gone, once, and the backend's next capture gets a fresh pool. (The capture itself needs
-    a GPU; the graph object is built around it.)"""
-    import weakref
-
-    from c2w.runtime.engines.aoti import AOTIEngine, CudaGraphed, EulerReplay
-    handles = iter(range(100))
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
-    monkeypatch.setattr(torch.cuda, "Event", lambda: None)
+    """The release path: AOTIEngine.release -> CapturedCall.release -> the pool counts the graph
+    as gone, once, and the backend's next capture gets a fresh pool. (The capture runs on a fake
+    of torch.cuda's graph calls, tests/runtime/test_graphs.py; the real one needs a GPU.)"""
+    from c2w.runtime.engines.aoti import AOTIEngine, CapturedCall, EulerReplay
+    from tests.runtime.test_graphs import fake_cuda
+    cuda = fake_cuda(monkeypatch)
     backend = AOTIBackend()
     pool = backend.pool(CUDA)
-    graphs = []
-    for _ in range(2):                                   # two engines' graphs in one pool
-        g = CudaGraphed.__new__(CudaGraphed)
-        g.pool, g.graph, g.inputs, g.outputs = pool, object(), [], []
-        pool.captured += 1
-        pool._added()
-        g._finalizer = weakref.finalize(g, pool._dropped)
-        graphs.append(g)
+    step = cuda.kernel(lambda *args: [a.clone() for a in args[:6]])
+    graphs = [CapturedCall(step, [(1,)] * 8, [torch.float32] * 8, torch.device("cpu"), pool)
+              for _ in range(2)]                         # two engines' graphs in one pool
+    assert pool.captured == pool.live == 2
     cfm = AOTIEngine(info_for("cfm", (1, 50, 300), "float16"),
                      EulerReplay(graphs[0], 10, torch.device("cpu")), CUDA, [])
     enc = AOTIEngine(info_for("flow_encoder", (1, 28, 300, 0), "float16"), graphs[1], CUDA, [])

@@ -1,0 +1,255 @@
+"""The CUDA-graph helper every backend uses (runtime/engines/graphs.py), on the CPU.
+
+`fake_cuda` replaces what the helper calls in torch.cuda with a fake that keeps CUDA graphs'
+semantics where they matter, for work launched through `FakeCuda.kernel`: under capture it is
+recorded, not run (its outputs stay NaN until a replay), and a replay calls the recorded functions
+again on the very tensors they were given, writing into the very tensors they returned, as a
+graph's baked-in addresses do. A pool
+whose last graph is destroyed is gone, and capturing into it fails, as in PyTorch. The real
+capture runs in tests/runtime/test_cuda.py (GPU).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import weakref
+
+import pytest
+import torch
+
+from c2w.runtime.engines.graphs import CapturedCall, GraphPool, as_list
+
+CPU = torch.device("cpu")
+
+
+class FakeGraph:
+    def __init__(self, cuda: "FakeCuda"):
+        self.cuda, self.launches, self.replays, self.handle = cuda, [], 0, None
+
+    def replay(self) -> None:
+        self.replays += 1
+        for fn, args, outs in self.launches:
+            for dst, src in zip(outs, as_list(fn(*args))):
+                dst.copy_(src)
+
+    def __del__(self):
+        if self.handle is not None:
+            self.cuda.graphs_in_pool[self.handle] -= 1
+
+
+class FakeStream:
+    def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+
+class FakeEvent:
+    def __init__(self):
+        self.recorded = 0
+
+    def record(self, stream=None) -> None:
+        self.recorded += 1
+
+
+class FakeCuda:
+    """What the fake GPU did: calls run outside capture (`eager_calls`), and per pool handle the
+    graphs that hold it (`graphs_in_pool`)."""
+
+    def __init__(self):
+        self.capturing: FakeGraph | None = None
+        self.eager_calls = 0
+        self.graphs_in_pool: dict[int, int] = {}
+        self._handles = itertools.count()
+        self._stream = FakeStream()
+
+    def graph_pool_handle(self) -> int:
+        return next(self._handles)
+
+    @contextlib.contextmanager
+    def graph(self, g: FakeGraph, pool=None):
+        if self.graphs_in_pool.get(pool, None) == 0:      # PyTorch: internal assert `use_count > 0`
+            raise RuntimeError(f"capture into pool {pool}, released with its last graph")
+        g.handle = pool
+        self.graphs_in_pool[pool] = self.graphs_in_pool.get(pool, 0) + 1
+        self.capturing = g
+        try:
+            yield
+        finally:
+            self.capturing = None
+
+    def kernel(self, fn):
+        """`fn` as the fake GPU runs it: at once outside capture; recorded under capture (with the
+        tensors it was given and returned, which it leaves unwritten: NaN)."""
+        def launch(*args):
+            outs = fn(*args)
+            if self.capturing is None:
+                self.eager_calls += 1
+            else:
+                self.capturing.launches.append((fn, args, as_list(outs)))
+                for o in as_list(outs):
+                    o.fill_(float("nan"))
+            return outs
+        return launch
+
+
+def fake_cuda(monkeypatch) -> FakeCuda:
+    """Patch torch.cuda's graph, stream and event calls with one FakeCuda (undone by monkeypatch)."""
+    cuda = FakeCuda()
+    for name, value in {"CUDAGraph": lambda: FakeGraph(cuda), "graph": cuda.graph,
+                        "graph_pool_handle": cuda.graph_pool_handle, "Event": FakeEvent,
+                        "Stream": lambda device=None: FakeStream(),
+                        "current_stream": lambda device=None: cuda._stream,
+                        "stream": lambda s: contextlib.nullcontext()}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    return cuda
+
+
+@pytest.fixture
+def cuda(monkeypatch) -> FakeCuda:
+    return fake_cuda(monkeypatch)
+
+
+def test_inputs_are_copied_into_static_buffers_on_every_call(cuda):
+    """Captured at construction on zeros (after two warm-up calls), then each call's values reach
+    the graph through the static buffers: a later call with new values gives new outputs."""
+    cc = CapturedCall(cuda.kernel(lambda x, y: (x * 2 + y, x - y)), [(2, 3), (3,)],
+                      [torch.float32, torch.float32], CPU)
+    assert cc.captured and cuda.eager_calls == 2 and cc.pool.captured == 1 and cc.pool.live == 1
+    assert [a for a in cc.graph.launches[0][1]] == cc.inputs        # the graph reads the static inputs
+    for seed in (1, 2, 3):
+        x, y = torch.randn(2, 3, generator=torch.Generator().manual_seed(seed)), torch.randn(3)
+        x0 = x.clone()
+        a, b = cc(x, y)
+        torch.testing.assert_close(a, x * 2 + y)
+        torch.testing.assert_close(b, x - y)
+        assert torch.equal(x, x0) and all(s is not t for s, t in zip(cc.inputs, (x, y)))
+    assert cc.graph.replays == 3 and cuda.eager_calls == 2 and cc.pool.captured == 1
+
+
+def test_outputs_are_cloned_copied_or_the_static_buffers_as_asked(cuda):
+    cc = CapturedCall(cuda.kernel(lambda x: x + 1), [(4,)], [torch.float32], CPU)
+    first = cc(torch.zeros(4))
+    second = cc(torch.ones(4))
+    assert torch.equal(first[0], torch.ones(4)) and torch.equal(second[0], torch.full((4,), 2.0))
+    assert first[0].data_ptr() != second[0].data_ptr() != cc.outputs[0].data_ptr()   # never aliased
+    out = [torch.empty(4)]
+    assert cc(torch.full((4,), 5.0), out=out) is out and torch.equal(out[0], torch.full((4,), 6.0))
+    static = cc(torch.zeros(4), clone=False)
+    assert static[0] is cc.outputs[0] and torch.equal(static[0], torch.ones(4))
+    cc(torch.full((4,), 9.0), clone=False)
+    assert torch.equal(static[0], torch.full((4,), 10.0))      # overwritten by the next replay
+    assert torch.equal(first[0], torch.ones(4))                 # a clone is the caller's to keep
+
+
+def test_release_and_collection_count_each_graph_once_then_the_pool_retires(cuda):
+    """The pool's bookkeeping: a released or collected graph is counted as gone once; once all
+    are gone PyTorch has freed the pool, so a capture into it is refused before it asserts."""
+    pool = GraphPool(CPU)
+    fn = cuda.kernel(lambda x: x * 3)
+    a, b, c = (CapturedCall(fn, [(2,)], [torch.float32], CPU, pool) for _ in range(3))
+    assert (pool.captured, pool.live, pool.retired) == (3, 3, False)
+    a.release()
+    a.release()                                          # idempotent: counted once
+    assert (pool.live, pool.retired) == (2, False)
+    with pytest.raises(RuntimeError, match="this CapturedCall was released"):
+        a(torch.zeros(2))
+    torch.testing.assert_close(b(torch.ones(2))[0], torch.full((2,), 3.0))   # the others still replay
+    del c
+    gc.collect()
+    assert (pool.live, pool.retired) == (1, False)
+    b.release()
+    assert (pool.live, pool.retired) == (0, True) and cuda.graphs_in_pool[pool.handle] == 0
+    with pytest.raises(RuntimeError, match=r"capture into a retired GraphPool \(all its graphs were released\)"):
+        CapturedCall(fn, [(2,)], [torch.float32], CPU, pool)
+    assert pool.captured == 3                            # refused before capturing
+
+
+def test_a_failed_capture_retires_a_pool_with_no_other_graph(cuda):
+    def broken(x):
+        if cuda.capturing is not None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return x
+    pool = GraphPool(CPU)
+    with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+        CapturedCall(broken, [(2,)], [torch.float32], CPU, pool)
+    assert (pool.captured, pool.live, pool.retired) == (1, 0, True)
+
+
+class Scratch:
+    """A TensorRT backend's shared scratch as the fake sees it: reallocating it frees the old
+    buffer (NaN here) and moves the generation on."""
+
+    def __init__(self):
+        self.buffer, self.generation = torch.full((3,), 10.0), 0
+
+    def reallocate(self, value: float) -> None:
+        self.buffer.fill_(float("nan"))
+        self.buffer, self.generation = torch.full((3,), value), self.generation + 1
+
+
+def trt_style(cuda: FakeCuda, scratch: Scratch, *, hook: bool) -> CapturedCall:
+    """As TensorRTEngine._run_graph: static outputs allocated outside the capture, an enqueue that
+    binds the scratch's address of the moment, captured on the first call."""
+    static_out = [torch.empty(3)]
+    run = cuda.kernel(lambda x, buf, out: out.copy_(x + buf))
+
+    def enqueue(x):
+        run(x, scratch.buffer, static_out[0])
+        return static_out
+    return CapturedCall(enqueue, [(3,)], [torch.float32], CPU, warmups=1, lazy=True,
+                        generation=(lambda: scratch.generation) if hook else None)
+
+
+def test_a_moved_scratch_makes_the_next_call_capture_again(cuda):
+    scratch = Scratch()
+    cc = trt_style(cuda, scratch, hook=True)
+    assert not cc.captured and cuda.eager_calls == 0 and cc.pool.captured == 0       # lazy: nothing yet
+    torch.testing.assert_close(cc(torch.ones(3))[0], torch.full((3,), 11.0))
+    first = weakref.ref(cc.graph)           # not a reference: the helper alone keeps it alive
+    assert cuda.eager_calls == 1 and first().replays == 1
+    torch.testing.assert_close(cc(torch.full((3,), 2.0))[0], torch.full((3,), 12.0))
+    assert cc.graph is first() and cc.pool.captured == 1                             # same scratch: same graph
+    scratch.reallocate(100.0)
+    torch.testing.assert_close(cc(torch.ones(3))[0], torch.full((3,), 101.0))
+    assert first() is None and cuda.eager_calls == 2                                # the stale graph is gone
+    # captured into the same pool before the stale graph was dropped: the pool never emptied
+    assert (cc.pool.captured, cc.pool.live, cuda.graphs_in_pool[cc.pool.handle]) == (2, 1, 1)
+    cc.release()
+    assert cc.pool.retired
+
+
+def test_without_the_hook_a_moved_scratch_is_read_stale(cuda):
+    """What the generation hook prevents (and that the fake models baked-in addresses)."""
+    scratch = Scratch()
+    cc = trt_style(cuda, scratch, hook=False)
+    torch.testing.assert_close(cc(torch.ones(3))[0], torch.full((3,), 11.0))
+    scratch.reallocate(100.0)
+    assert torch.isnan(cc(torch.ones(3))[0]).all()
+
+
+def test_the_cfm_replays_one_graph_per_euler_step(cuda):
+    """AOTI's CFM: EulerReplay over ONE captured Euler step writes each step's outputs straight
+    into the stacked caches, and matches the same step run without a graph on every input."""
+    from c2w.runtime.engines.aoti import EulerReplay
+
+    def step(mu, spk, cond, x, cnn, att, t, dt):
+        x_new = x + dt * (mu + cond + spk[..., None] * t)
+        return x_new, cnn * 0.5 + t, torch.cat([att, x_new.transpose(1, 2)], dim=1)
+
+    shapes = [(1, 2, 3), (1, 2), (1, 2, 3), (1, 2, 3), (1, 4), (1, 5, 2), (1,), (1,)]
+    graphed = EulerReplay(CapturedCall(cuda.kernel(step), shapes, [torch.float32] * 8, CPU), 10, CPU)
+    plain = EulerReplay(step, 10, CPU)
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        args = [torch.randn(s, generator=g) for s in shapes[:4]] + [
+            torch.randn(10, 1, 4, generator=g), torch.randn(10, 1, 5, 2, generator=g)]
+        got, want = graphed(*args), plain(*args)
+        assert [tuple(t.shape) for t in got] == [(1, 2, 3), (10, 1, 4), (10, 1, 8, 2)]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+    assert graphed.step.graph.replays == 20 and graphed.step.pool.captured == 1
+    graphed.release()
+    assert graphed.step.pool.retired
