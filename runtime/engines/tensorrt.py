@@ -19,6 +19,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine
+from c2w.runtime.engines.graphs import CapturedCall
 from c2w.runtime.errors import C2WUserError, MissingBackendError
 
 # The TensorRT releases c2w is written for (build, load and the compatibility check's operator
@@ -197,7 +198,7 @@ class TensorRTEngine(Engine):
         self._in_dtypes = [torch_dtype_for_trt(engine.get_tensor_dtype(n)) for n in info.input_names]
         self._out_dtypes = [torch_dtype_for_trt(engine.get_tensor_dtype(n)) for n in info.output_names]
         self._keepalive: list[torch.Tensor] = []
-        self._graph = None                  # (torch.cuda.CUDAGraph, static ins, static outs, generation)
+        self._graph: CapturedCall | None = None     # created on the first call when `cuda_graph`
         self._epoch = backend._epoch        # release_shared() frees what this engine points at
         self._released = False
 
@@ -259,27 +260,24 @@ class TensorRTEngine(Engine):
         return outs
 
     def _run_graph(self, ins: list[torch.Tensor]) -> list[torch.Tensor]:
-        gen = self._backend._scratch_generation
-        if self._graph is None or self._graph[3] != gen:
-            # Capture bakes in every address (I/O and scratch): static buffers, recaptured if the
-            # shared scratch was reallocated.
-            static_in = [torch.empty_like(t) for t in ins]
-            static_out = self._empty_outputs(static_in)
-            for s, t in zip(static_in, ins):
-                s.copy_(t)
-            self._bind_and_enqueue(static_in, static_out)     # warm-up call before capture
-            torch.cuda.current_stream(self._device).synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+        if self._graph is None:
+            # Capture bakes in every address (I/O and scratch): static inputs (the CapturedCall's)
+            # and outputs (allocated here, outside the capture), recaptured whenever the shared
+            # scratch was reallocated. Captured on the first call, not at load: loading a later
+            # key may grow the scratch and would make a graph captured now stale at once.
+            static_out = self._empty_outputs(ins)
+
+            def enqueue(*static_in: torch.Tensor) -> list[torch.Tensor]:
                 self._bind_and_enqueue(static_in, static_out)
-            self._graph = (graph, static_in, static_out, gen)
-        graph, static_in, static_out, _ = self._graph
-        for s, t in zip(static_in, ins):
-            s.copy_(t)
-        graph.replay()
-        return [o.clone() for o in static_out]   # the static buffers are overwritten next call
+                return static_out
+
+            self._graph = CapturedCall(enqueue, [t.shape for t in ins], [t.dtype for t in ins], self._device,
+                                       warmups=1, generation=lambda: self._backend._scratch_generation, lazy=True)
+        return self._graph(*ins)    # outputs cloned: the static buffers are overwritten next call
 
     def release(self) -> None:
+        if self._graph is not None:
+            self._graph.release()
         self._graph = None
         self._keepalive = []
         self._ctx = self._plan = None      # the backend owns contexts; release_shared frees them

@@ -1,7 +1,8 @@
 """On a CUDA GPU: AOTI engines built for the device, loaded with CUDA graphs, checked on many inputs.
 
 The rest of the suite runs on the CPU, where the graph policy is only bookkeeping
-(test_aoti_graph_policy.py). These tests run the capture itself; without CUDA they are skipped.
+(test_aoti_graph_policy.py) and the capture helper runs on a fake of torch.cuda's graph calls
+(test_graphs.py). These tests run the capture itself; without CUDA they are skipped.
 Run them alone with `python -m pytest -q -m gpu tests` (docs/testing.md).
 """
 import dataclasses
@@ -14,6 +15,7 @@ from c2w.exporter.export import export_profile, prepare_model
 from c2w.exporter.plan import make_plan, precision_weights
 from c2w.exporter.profile import Precision
 from c2w.runtime.engines.aoti import AOTIBackend
+from c2w.runtime.engines.graphs import CapturedCall, GraphPool
 from c2w.runtime.manifest import read_manifest
 from c2w.runtime.units import SPECS, ShapeKey, rel_l2
 from c2w.runtime.verify import artifact_info, entry_key, unit_weights
@@ -75,3 +77,31 @@ def test_graphed_engine_matches_eager_on_every_new_input(cuda_aoti, component):
                 assert rel_l2(g, w) <= spec.tolerance(key), f"{component} {name}: seed {seed}"
     finally:
         engine.release()
+
+
+def test_captured_call_recaptures_when_what_it_baked_in_moves():
+    """The helper's TensorRT-style path on a real graph (no TensorRT run has exercised it): captured
+    on the first call, replayed on new inputs, captured again into the same pool once the buffer
+    its work reads (TensorRT: the shared scratch) is reallocated, beside a graph that allocates in
+    the pool (AOTI-style); released, the pool retires."""
+    device, n = torch.device("cuda"), 1 << 12
+    pool = GraphPool(device)
+    scratch = {"buffer": torch.full((n,), 1.0, device=device), "generation": 0}
+    static_out = torch.empty(n, device=device)
+
+    def enqueue(x):
+        torch.add(x, scratch["buffer"], out=static_out)
+        return [static_out]
+    trt_like = CapturedCall(enqueue, [(n,)], [torch.float32], device, pool, warmups=1, lazy=True,
+                            generation=lambda: scratch["generation"])
+    aoti_like = CapturedCall(lambda a: a * 3, [(n,)], [torch.float32], device, pool)
+    assert not trt_like.captured and pool.captured == 1
+    x = torch.arange(n, dtype=torch.float32, device=device)
+    assert torch.equal(trt_like(x)[0], x + 1) and torch.equal(trt_like(2 * x)[0], 2 * x + 1)
+    scratch["buffer"], scratch["generation"] = torch.full((n,), 5.0, device=device), 1
+    first = trt_like(x)[0]
+    assert torch.equal(first, x + 5) and (pool.captured, pool.live) == (3, 2)
+    assert torch.equal(aoti_like(x)[0], 3 * x) and torch.equal(first, x + 5)    # a clone survives replays
+    trt_like.release()
+    aoti_like.release()
+    assert pool.retired

@@ -230,6 +230,29 @@ def test_without_the_hook_a_moved_scratch_is_read_stale(cuda):
     assert torch.isnan(cc(torch.ones(3))[0]).all()
 
 
+def test_tensorrt_engine_captures_on_first_call_and_again_after_the_scratch_grows(cuda):
+    """TensorRTEngine's graph path on the helper, with its TensorRT calls replaced: the scratch
+    generation is the backend's, and release drops the graph from its pool."""
+    from c2w.runtime.engines.tensorrt import TensorRTEngine
+    backend = type("Backend", (), {})()
+    backend._scratch_generation, scratch = 0, Scratch()
+    engine = TensorRTEngine.__new__(TensorRTEngine)
+    engine._backend, engine._device, engine._graph = backend, CPU, None
+    engine._empty_outputs = lambda ins: [torch.empty(3)]
+    run = cuda.kernel(lambda x, buf, out: out.copy_(x * buf))
+    engine._bind_and_enqueue = lambda ins, outs: run(ins[0], scratch.buffer, outs[0])
+    assert engine._graph is None
+    torch.testing.assert_close(engine._run_graph([torch.ones(3)])[0], torch.full((3,), 10.0))
+    graph = engine._graph
+    assert isinstance(graph, CapturedCall) and graph.pool.captured == 1
+    scratch.reallocate(2.0)
+    backend._scratch_generation += 1
+    torch.testing.assert_close(engine._run_graph([torch.full((3,), 3.0)])[0], torch.full((3,), 6.0))
+    assert engine._graph is graph and graph.pool.captured == 2
+    engine.release()
+    assert engine._graph is None and graph.pool.retired
+
+
 def test_the_cfm_replays_one_graph_per_euler_step(cuda):
     """AOTI's CFM: EulerReplay over ONE captured Euler step writes each step's outputs straight
     into the stacked caches, and matches the same step run without a graph on every input."""
