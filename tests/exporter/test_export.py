@@ -212,7 +212,11 @@ BAD_PROFILES = [
     ("schedule: {batch_sizes: 4}\n", r"'schedule.batch_sizes': received 4; expected a list of integers"),
     ("schedule: {chunk_tokens: [2]}\n", r"'schedule.chunk_tokens': received \[2\]; expected integers >= 4"),
     ("schedule: {prompt_frames: 301}\n", r"'schedule.prompt_frames': received 301; expected an even number"),
-    ("precision: {hift: float16}\n", r"'precision.hift': received 'float16'; expected one of \['float32'\]"),
+    ("precision: {hift: bfloat16}\n", r"'precision.hift': received 'bfloat16'; expected one of \['float16', "
+     r"'float32'\] \(bfloat16 convolutions measured 27.7-29.7 dB SNR against float32"),
+    ("precision: {hift: float16, tf32: true}\n", r"'precision.tf32': received true; expected false with hift: float16"),
+    ("precision: {cfm: float64}\n", r"'precision.cfm': received 'float64'; expected one of \['bfloat16', 'float16', "
+     r"'float32'\]$"),
     ("extra_keys: [{component: cfm, B: 1, T: 50}]\n", r"extra_keys\[0\]': received no \['L'\]"),
 ]
 
