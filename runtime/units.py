@@ -249,7 +249,7 @@ SOURCE_STD = 0.05     # std of the NSF source of a chunk (full model, random wei
 # float64, full size, 3.1-3.2e-3; ONNX Runtime on the CPU (it runs the convs in float32 on the
 # float16 weights) vs eager float16, tiny, 2.9-3.0e-3; two fully decorrelated float16 computations
 # at most ~sqrt(2) x 3.5e-3 = 4.9e-3 (a quarter-ulp bias on every conv output, full size: 4.2e-3).
-# 8e-3 sits 1.6x above that limit and 5x below a bfloat16 conv stack (~4e-2 against float32).
+# 8e-3 sits 1.6x above that limit and 4x below bfloat16 convolutions (3.3-4.1e-2 against float32).
 HIFT_FLOAT16_RTOL = 8e-3
 
 
@@ -333,9 +333,9 @@ SPECS: dict[str, UnitSpec] = {
         # TF32 is process-wide; with it on, the f0 predictor's float32 convolutions round their
         # operands to 10 bits and move the NSF phases (HiFT under TF32: 38.7 dB; the float16
         # policy, measured with TF32 off: 48.6 dB)
-        tf32_off={"float16": "its float32 parts, the f0 predictor above all, were measured with TF32 off: TF32 on "
-                             "the f0 predictor moves the NSF phases (TF32 HiFT 38.7 dB against float32, float16 "
-                             "convolutions with TF32 off 48.6 dB)"},
+        tf32_off={"float16": "its float32 parts, the f0 predictor above all, were measured with TF32 off; TF32 on "
+                             "the f0 predictor moves the NSF phases: TF32 HiFT 38.7 dB against float32, float16 "
+                             "convolutions with TF32 off 48.6 dB"},
         dynamic_dims={"B": BATCH_RANGE},
         dynamic_axes=_hift_dynamic,
         graph_variant=lambda k: f"hift-F{k.dim('F')}" + ("-cached" if k.dim("S") else "")),

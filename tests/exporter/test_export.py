@@ -421,6 +421,7 @@ def test_dry_run_says_up_front_what_it_will_write(tmp_path, monkeypatch):
     assert "hundreds of MB" in first
 
 
+@pytest.mark.slow
 def test_a_float16_hift_key_exports_to_onnxruntime_verifies_and_serves(tmp_path, measured_as_estimated):
     """One float16 HiFT key through the real exporter (the priority and a budget with room for
     its estimate alone select it): it passes verification at the float16 tolerance, the
