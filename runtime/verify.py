@@ -111,6 +111,6 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
     passed = len(got) == len(want) and all(v <= tol for v in errs.values())
     entry.parity = {"rel_l2": errs, "tol": tol, "passed": passed}
     entry.status = Status.BUILT if passed else Status.FAILED
-    entry.error = None if passed else (f"parity failed: rel-L2 {errs} above {tol}"
-                                       + (f" (outputs of the wrong dtype or shape: {'; '.join(wrong)})" if wrong else ""))
+    wrong_note = f" (outputs of the wrong dtype or shape: {'; '.join(wrong)})" if wrong else ""
+    entry.error = None if passed else f"parity failed: rel-L2 {errs} above {tol}{wrong_note}"
     return entry

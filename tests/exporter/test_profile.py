@@ -71,12 +71,13 @@ def test_hift_float16_parses_and_names_its_keys_float16():
 
 
 @pytest.mark.parametrize("precision, match", [
-    ({"hift": "bfloat16"}, r"p.yaml: 'precision.hift': received 'bfloat16'; expected one of \['float16', 'float32'\] "
-                           r"\(bfloat16 convolutions measured 27.7-29.7 dB SNR against float32 at B=32 F=158 on the H200 "
-                           r"\(float16: 48.6 dB\), below the fidelity bar"),
-    ({"hift": "float16", "tf32": True}, r"p.yaml: 'precision.tf32': received true; expected false with hift: float16 "
-                                        r"\(its float32 parts, the f0 predictor above all, were measured with TF32 off; .*"
-                                        r"38.7 dB.*48.6 dB\)\. Set tf32: false"),
+    ({"hift": "bfloat16"},
+     r"p.yaml: 'precision.hift': received 'bfloat16'; expected one of \['float16', 'float32'\] \(bfloat16 "
+     r"convolutions measured 27.7-29.7 dB SNR against float32 at B=32 F=158 on the H200 \(float16: 48.6 dB\), "
+     r"below the fidelity bar"),
+    ({"hift": "float16", "tf32": True},
+     r"p.yaml: 'precision.tf32': received true; expected false with hift: float16 \(its float32 parts, the f0 "
+     r"predictor above all, were measured with TF32 off; .*38.7 dB.*48.6 dB\)\. Set tf32: false"),
     ({"hift": "float64"}, r"'precision.hift': received 'float64'; expected one of \['float16', 'float32'\]$"),
     ({"flow_encoder": "int8"}, r"'precision.flow_encoder': received 'int8'; expected one of \['bfloat16', 'float16', "
                                r"'float32'\]$"),

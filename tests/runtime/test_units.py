@@ -156,4 +156,5 @@ def test_a_float16_hift_model_names_its_hift_keys_float16_and_nothing_else():
                                                         ("hift", "float16")}
     manifest = type("M", (), {"model": {"digest": m.digest}, "backend": {}, "device": "cpu",
                               "precision": {"flow_encoder": "float32", "cfm": "float32", "hift": "float32"}})
-    assert manifest_mismatch(manifest, m, None, torch.device("cpu")) == "hift precision float32 != loaded model's float16"
+    assert manifest_mismatch(manifest, m, None, torch.device("cpu")) == \
+        "hift precision float32 != loaded model's float16"
