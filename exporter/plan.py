@@ -62,17 +62,19 @@ def estimate_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
 
 
 def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
-    """Bytes of each component's weights, counted once. dtypes: component -> dtype name of its
-    floating-point tensors (default: as they are now)."""
+    """Bytes of each component's weights, counted once. dtypes: component -> its policy's dtype
+    name, which the floating-point tensors of its precision modules take (Code2Wav.precision_modules;
+    HiFT's other tensors stay float32); default: every tensor as it is now."""
     out = {}
     for comp, mods in model.component_modules().items():
         size = DTYPES[dtypes[comp]].itemsize if dtypes else None
+        cast = {id(t) for m in model.precision_modules(comp) for t in list(m.parameters()) + list(m.buffers())}
         seen, n = set(), 0
         for m in mods:
             for t in list(m.parameters()) + list(m.buffers()):
                 if id(t) not in seen:
                     seen.add(id(t))
-                    n += t.numel() * (size if size and t.is_floating_point() else t.element_size())
+                    n += t.numel() * (size if size and id(t) in cast and t.is_floating_point() else t.element_size())
         out[comp] = n
     return out
 

@@ -17,7 +17,8 @@ import yaml
 
 from c2w.runtime.engines import NAMES as BACKENDS        # the runtime's registry names the backends
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.units import DTYPES, SPECS, ShapeKey
+from c2w.runtime.precision import check_policy
+from c2w.runtime.units import SPECS, ShapeKey
 
 DEVICES = ("cpu", "cuda")
 CATEGORIES = ("first", "steady", "setup", "tail", "extra")
@@ -169,10 +170,8 @@ def parse_profile(data: dict, source: str = "<dict>") -> Profile:
 
     p = _check_keys(w("precision"), d.get("precision"), {f.name for f in dataclasses.fields(Precision)})
     for comp, v in p.items():
-        if comp == "tf32":
-            _typed(w("precision.tf32"), v, bool)
-        else:
-            _typed(w(f"precision.{comp}"), v, str, choices=sorted(DTYPES) if comp != "hift" else ["float32"])
+        _typed(w(f"precision.{comp}"), v, bool if comp == "tf32" else str)
+    check_policy(p, lambda key: w(f"precision.{key}"))       # each unit's dtypes, TF32 where it must be off
     kw["precision"] = Precision(**p)
 
     s = _check_keys(w("schedule"), d.get("schedule"), {f.name for f in dataclasses.fields(Schedule)})

@@ -33,8 +33,8 @@ def manifest_mismatch(manifest: Manifest, model, backend_version: str | None, de
         return f"{manifest.backend.get('name')} version {manifest.backend.get('version')} != installed {backend_version}"
     if manifest.device != device_name(device):
         return f"built for device '{manifest.device}', running on '{device_name(device)}'"
-    for comp, mods in model.component_modules().items():
-        dt = DTYPE_NAMES[next(mods[0].parameters()).dtype]
+    for comp in model.component_modules():
+        dt = DTYPE_NAMES[model.component_dtype(comp)]
         if manifest.precision.get(comp) != dt:
             return f"{comp} precision {manifest.precision.get(comp)} != loaded model's {dt}"
     return None

@@ -110,7 +110,7 @@ class StreamDriver:
         return self.model.cfg
 
     def _dtype(self, component: str) -> torch.dtype:
-        return next(self.model.component_modules()[component][0].parameters()).dtype
+        return self.model.component_dtype(component)
 
     def _key(self, component: str, **dims: int) -> ShapeKey:
         return ShapeKey.named(component, DTYPE_NAMES[self._dtype(component)], **dims)

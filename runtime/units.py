@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.hift import REFUSED_DTYPES as HIFT_REFUSED_DTYPES
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -143,8 +144,14 @@ class UnitSpec:
     input_names: Callable[[ShapeKey], tuple[str, ...]]
     input_shapes: Callable[[object, ShapeKey], tuple[tuple[int, ...], ...]]   # (cfg, key)
     input_dtypes: Callable[[ShapeKey], tuple[torch.dtype, ...]]
+    output_dtypes: Callable[[ShapeKey], tuple[torch.dtype, ...]]
     build: Callable[[object, ShapeKey], nn.Module]                          # (Code2Wav, key)
-    rtol: dict                                                              # dtype name -> rel-L2 bound
+    # dtype name -> rel-L2 bound of an engine against eager: the dtypes the unit's policy supports
+    rtol: dict
+    # dtype name -> why the policy refuses it (a measurement), for the error a profile gets
+    refused_dtypes: dict = field(default_factory=dict)
+    # dtype name -> why the unit needs TF32 off at that dtype (runtime.precision.check_policy)
+    tf32_off: dict = field(default_factory=dict)
     # dims whose value selects a different unit module (keys differing only in others share one)
     module_dims: tuple[str, ...] = ()
     export_variant: ExportVariant | None = None
@@ -195,6 +202,19 @@ class UnitSpec:
     def tolerance(self, key: ShapeKey) -> float:
         return self.rtol[key.dtype]
 
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtype names this unit's precision policy supports (those with a tolerance)."""
+        return tuple(sorted(self.rtol))
+
+    def check_dtype(self, name: str, where: str | None = None) -> str:
+        """`name` if the unit supports it, else a C2WUserError naming `where` (default: the
+        component's precision), the supported dtypes and, for a refused one, why."""
+        if name in self.rtol:
+            return name
+        why = f" ({self.refused_dtypes[name]})" if name in self.refused_dtypes else ""
+        raise C2WUserError(where or f"precision.{self.name}", repr(name), f"one of {list(self.dtypes)}{why}")
+
 
 def _enc_shapes(cfg, k: ShapeKey):
     B, N, C = k.dim("B"), k.dim("N"), k.dim("C")
@@ -218,6 +238,19 @@ def _hift_shapes(cfg, k: ShapeKey):
 
 
 SOURCE_STD = 0.05     # std of the NSF source of a chunk (full model, random weights): sine_amp 0.1
+
+# Engine vs eager for a float16 HiFT key (convolutions in float16, everything else float32). The
+# f0 path is float32 and matches, but two float16 computations of the conv stack that round
+# differently anywhere (another accumulation order, a fused Snake one float32 ulp off) decorrelate
+# their float16 roundings over the 80 convolutions: the speech of two such computations differs
+# by about as much as either differs from float32. Measured on the CPU, verification inputs, as
+# rel-L2 of the speech: float16 vs float32 3.4-3.7e-3 (tiny, and full size with float16 rounding
+# emulated; H200 full size, B=32 F=158: 3.7e-3 = 48.6 dB); float16 accumulated in float32 vs in
+# float64, full size, 3.1-3.2e-3; ONNX Runtime on the CPU (it runs the convs in float32 on the
+# float16 weights) vs eager float16, tiny, 2.9-3.0e-3; two fully decorrelated float16 computations
+# at most ~sqrt(2) x 3.5e-3 = 4.9e-3 (a quarter-ulp bias on every conv output, full size: 4.2e-3).
+# 8e-3 sits 1.6x above that limit and 4x below bfloat16 convolutions (3.3-4.1e-2 against float32).
+HIFT_FLOAT16_RTOL = 8e-3
 
 
 def _cfm_step_inputs(cfg, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -251,7 +284,8 @@ def _hift_dynamic(k: ShapeKey, d: dict) -> dict:
 # HiFT's NSF phase reaches ~1.7e5 rad at 58 frames (cumulative phase x 480 before the sine), where a
 # float32 ulp is ~0.016 rad: any backend that reorders the sums moves the sine by ~1e-3 relative.
 # Eager-vs-oracle parity (same op order) is held to 1e-4 in tests; engines to this bound.
-_HIFT = {"float32": 5e-3}
+# float16 (convolutions in float16, everything else float32, TF32 off): HIFT_FLOAT16_RTOL.
+_HIFT = {"float32": 5e-3, "float16": HIFT_FLOAT16_RTOL}
 _MIXED = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 SPECS: dict[str, UnitSpec] = {
@@ -261,6 +295,7 @@ SPECS: dict[str, UnitSpec] = {
         input_names=lambda k: ("tokens", "cnn_cache", "att_cache"),
         input_shapes=_enc_shapes,
         input_dtypes=lambda k: (torch.int64, dtype_of(k.dtype), dtype_of(k.dtype)),
+        output_dtypes=lambda k: (torch.float32, dtype_of(k.dtype), dtype_of(k.dtype)),
         build=lambda model, k: FlowEncoderUnit(model, bool(k.dim("last"))),
         rtol=_MIXED,
         module_dims=("last",),
@@ -273,6 +308,7 @@ SPECS: dict[str, UnitSpec] = {
         input_names=lambda k: ("mu", "spk", "cond", "x0", "cnn_cache", "att_cache"),
         input_shapes=_cfm_shapes,
         input_dtypes=lambda k: (torch.float32,) * 4 + (dtype_of(k.dtype),) * 2,
+        output_dtypes=lambda k: (torch.float32, dtype_of(k.dtype), dtype_of(k.dtype)),
         build=lambda model, k: CFMUnit(model),
         rtol=_MIXED,
         # AOTI compiles one Euler step and the runtime replays it n_steps times (docs/aoti.md)
@@ -285,9 +321,21 @@ SPECS: dict[str, UnitSpec] = {
         output_names=("speech", "source"),
         input_names=lambda k: ("mel", "noise") + (("source_cache",) if k.dim("S") else ()),
         input_shapes=_hift_shapes,
+        # float32 in and out under every policy: the mel comes float32 from the CFM (its Euler
+        # state is float32 whatever the DiT's dtype), the f0 predictor and the NSF source are
+        # float32, the source feeds the next chunk's source cache, the speech is float32 PCM.
+        # float16 is a dtype of the convolutions inside, not of the unit's tensors.
         input_dtypes=lambda k: (torch.float32,) * (3 if k.dim("S") else 2),
+        output_dtypes=lambda k: (torch.float32, torch.float32),
         build=lambda model, k: HiftUnit(model),
         rtol=_HIFT,
+        refused_dtypes={DTYPE_NAMES[d]: why for d, why in HIFT_REFUSED_DTYPES.items()},
+        # TF32 is process-wide; with it on, the f0 predictor's float32 convolutions round their
+        # operands to 10 bits and move the NSF phases (HiFT under TF32: 38.7 dB; the float16
+        # policy, measured with TF32 off: 48.6 dB)
+        tf32_off={"float16": "its float32 parts, the f0 predictor above all, were measured with TF32 off; TF32 on "
+                             "the f0 predictor moves the NSF phases: TF32 HiFT 38.7 dB against float32, float16 "
+                             "convolutions with TF32 off 48.6 dB"},
         dynamic_dims={"B": BATCH_RANGE},
         dynamic_axes=_hift_dynamic,
         graph_variant=lambda k: f"hift-F{k.dim('F')}" + ("-cached" if k.dim("S") else "")),

@@ -101,14 +101,16 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
     finally:
         engine.release()
     tol = spec.tolerance(key)
-    errs = {}
-    for name, g, w in zip(spec.output_names, got, want):
-        if tuple(g.shape) != tuple(w.shape):
+    errs, wrong = {}, []
+    for name, g, w, dtype in zip(spec.output_names, got, want, spec.output_dtypes(key)):
+        if tuple(g.shape) != tuple(w.shape) or g.dtype != dtype:
             errs[name] = float("inf")
+            wrong.append(f"{name} {g.dtype} {tuple(g.shape)}, expected {dtype} {tuple(w.shape)}")
         else:
             errs[name] = rel_l2(g.to(w.device), w)
     passed = len(got) == len(want) and all(v <= tol for v in errs.values())
     entry.parity = {"rel_l2": errs, "tol": tol, "passed": passed}
     entry.status = Status.BUILT if passed else Status.FAILED
-    entry.error = None if passed else f"parity failed: rel-L2 {errs} above {tol}"
+    wrong_note = f" (outputs of the wrong dtype or shape: {'; '.join(wrong)})" if wrong else ""
+    entry.error = None if passed else f"parity failed: rel-L2 {errs} above {tol}{wrong_note}"
     return entry

@@ -18,8 +18,17 @@ off (another conv algorithm, batch size or backend) moves the source by ~5e-5 an
 ~5e-4 rel-L2 (random weights). Compare backends with that in mind, and keep TF32 away from the f0
 predictor: a 1e-3 relative f0 error there shifts late harmonics by radians.
 
-Every convolution is a plain Conv1d / ConvTranspose1d holding the folded weight; use
-`hift_state_dict_from_checkpoint` to turn a raw `hift.pt` into this layout.
+Every convolution holds the folded weight (state-dict compatible with nn.Conv1d /
+nn.ConvTranspose1d); use `hift_state_dict_from_checkpoint` to turn a raw `hift.pt` into this layout.
+
+Precision policies (`HiftVocoder.set_precision`, docs/numerics.md):
+- float32: everything float32 (what the step-audio2 oracle parity holds bit for bit on CPU).
+- float16: the convolutions of the decoder's conv stack (`CONV_STACK`) in float16, everything else
+  float32. Each of those convolutions casts its float32 input to float16 and its float16 output
+  back to float32 (`CastingConv1d`), so Snake, leaky ReLU and the residual sums stay float32; the
+  f0 predictor, the NSF source, the STFT and the ISTFT are float32 (TF32 off: runtime.precision).
+  Measured on the H200 at B=32 F=158: 48.6 dB SNR against float32 (TF32: 38.7 dB).
+- bfloat16 is refused: the same scheme in bfloat16 measured 27.7-29.7 dB (REFUSED_DTYPES).
 """
 from __future__ import annotations
 
@@ -35,6 +44,42 @@ from c2w.runtime.errors import C2WUserError, check_shape, state_dict_mismatch
 from c2w.runtime.model.config import HiftConfig
 
 MEL_BINS = 80
+
+# The decoder's conv stack: the submodules whose convolutions a reduced-precision policy runs in
+# its dtype. Not the f0 predictor (its f0 sets the NSF phases, ill-conditioned: see above) and not
+# the STFT / ISTFT (fixed kernels, float32 buffers).
+CONV_STACK = ("conv_pre", "ups", "source_downs", "source_resblocks", "resblocks", "conv_post")
+PRECISIONS = (torch.float32, torch.float16)
+# what HiFT's policy refuses and why (measured: benchmarks/h200/README.md, hift_precision.json)
+REFUSED_DTYPES = {
+    torch.bfloat16: "bfloat16 convolutions measured 27.7-29.7 dB SNR against float32 at B=32 F=158 on the "
+                    "H200 (float16: 48.6 dB), below the fidelity bar (HiFT alone >= 44.2 dB for a 38.3 dB "
+                    "session to lose at most 1 dB); docs/numerics.md",
+}
+
+
+class CastingConv1d(nn.Conv1d):
+    """nn.Conv1d that computes in its weight's dtype and returns its input's dtype.
+
+    x: (B, C_in, T) float32 -> (B, C_out, T') float32. With float32 weights it is nn.Conv1d
+    exactly (the dtype test is resolved when a graph is traced: no cast in a float32 graph). With
+    float16 weights the input is rounded to float16, the convolution runs in float16 (cuDNN
+    accumulates in float32) and its float16 output is widened back, so what follows stays float32.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+
+
+class CastingConvTranspose1d(nn.ConvTranspose1d):
+    """nn.ConvTranspose1d with CastingConv1d's dtype rule."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
 
 
 def _same_padding(kernel: int, dilation: int = 1) -> int:
@@ -60,9 +105,9 @@ class ResBlock(nn.Module):
     def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...]):
         super().__init__()
         self.convs1 = nn.ModuleList(
-            nn.Conv1d(channels, channels, kernel, dilation=d, padding=_same_padding(kernel, d)) for d in dilations)
+            CastingConv1d(channels, channels, kernel, dilation=d, padding=_same_padding(kernel, d)) for d in dilations)
         self.convs2 = nn.ModuleList(
-            nn.Conv1d(channels, channels, kernel, padding=_same_padding(kernel)) for _ in dilations)
+            CastingConv1d(channels, channels, kernel, padding=_same_padding(kernel)) for _ in dilations)
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
 
@@ -278,9 +323,9 @@ class HiftVocoder(nn.Module):
 
         self.m_source = NsfSource(cfg)
         self.f0_predictor = F0Predictor(mel_bins, cfg.f0_channels)
-        self.conv_pre = nn.Conv1d(mel_bins, base, 7, padding=3)
+        self.conv_pre = CastingConv1d(mel_bins, base, 7, padding=3)
         self.ups = nn.ModuleList(
-            nn.ConvTranspose1d(base // 2 ** i, base // 2 ** (i + 1), k, u, padding=(k - u) // 2)
+            CastingConvTranspose1d(base // 2 ** i, base // 2 ** (i + 1), k, u, padding=(k - u) // 2)
             for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernels)))
 
         # Source branch i brings the source spectrogram (hop_samples/stft_hop frames per mel frame)
@@ -291,20 +336,45 @@ class HiftVocoder(nn.Module):
             ch = base // 2 ** (i + 1)
             stride = math.prod(cfg.upsample_rates[i + 1:])
             if stride == 1:
-                self.source_downs.append(nn.Conv1d(n_bins2, ch, 1))
+                self.source_downs.append(CastingConv1d(n_bins2, ch, 1))
             else:
-                self.source_downs.append(nn.Conv1d(n_bins2, ch, 2 * stride, stride, padding=stride // 2))
+                self.source_downs.append(CastingConv1d(n_bins2, ch, 2 * stride, stride, padding=stride // 2))
             self.source_resblocks.append(ResBlock(ch, k, d))
 
         self.resblocks = nn.ModuleList(
             ResBlock(base // 2 ** (i + 1), k, d)
             for i in range(len(cfg.upsample_rates))
             for k, d in zip(cfg.resblock_kernels, cfg.resblock_dilations))
-        self.conv_post = nn.Conv1d(base // 2 ** len(cfg.upsample_rates), n_bins2, 7, padding=3)
+        self.conv_post = CastingConv1d(base // 2 ** len(cfg.upsample_rates), n_bins2, 7, padding=3)
 
         analysis, synthesis = _fourier_rows(cfg.n_fft)
         self.register_buffer("stft_kernel", analysis, persistent=False)        # (N+2, 1, N)
         self.register_buffer("istft_kernel", synthesis, persistent=False)      # (N+2, 1, N)
+
+    # ---- precision policy ----
+    def precision_modules(self) -> list[nn.Module]:
+        """The convolutions a policy's dtype applies to: those of CONV_STACK. Everything else
+        (f0 predictor, NSF source, Snake alphas, STFT / ISTFT kernels) is float32 under every
+        policy."""
+        return [m for name in CONV_STACK for m in getattr(self, name).modules()
+                if isinstance(m, (CastingConv1d, CastingConvTranspose1d))]
+
+    @property
+    def precision(self) -> torch.dtype:
+        """The policy's dtype: that of the conv stack's convolutions."""
+        return self.conv_pre.weight.dtype
+
+    def set_precision(self, dtype: torch.dtype) -> "HiftVocoder":
+        """Apply a precision policy (module docstring): the conv stack's convolutions (weights and
+        biases) in `dtype`, float32 or float16; nothing else changes dtype. bfloat16 is refused
+        (REFUSED_DTYPES says why)."""
+        if dtype not in PRECISIONS:
+            why = REFUSED_DTYPES.get(dtype, "not a supported dtype")
+            raise C2WUserError("HiFT precision", str(dtype).removeprefix("torch."),
+                               f"one of {[str(d).removeprefix('torch.') for d in PRECISIONS]} ({why})")
+        for m in self.precision_modules():
+            m.to(dtype)
+        return self
 
     # ---- eager-only validation (kept out of forward so the exported graph has no checks) ----
     def check_inputs(self, mel: torch.Tensor, noise: torch.Tensor, source_cache: torch.Tensor | None = None) -> None:

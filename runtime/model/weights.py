@@ -42,12 +42,26 @@ class Code2Wav:
             "hift": [self.hift],
         }
 
+    def precision_modules(self, component: str) -> list[nn.Module]:
+        """The modules whose floating-point weights take the component's policy dtype: its
+        component modules, or what a module names through its own `precision_modules()` (HiFT:
+        the conv stack's convolutions only; its other parts stay float32 under every policy)."""
+        out = []
+        for m in self.component_modules()[component]:
+            out += m.precision_modules() if hasattr(m, "precision_modules") else [m]
+        return out
+
+    def component_dtype(self, component: str) -> torch.dtype:
+        """The component's policy dtype as the model holds it now (what its keys are named by)."""
+        return next(self.precision_modules(component)[0].parameters()).dtype
+
     def to(self, device=None, precision: dict[str, torch.dtype] | None = None) -> "Code2Wav":
-        """Move to `device` and cast each component's weights to `precision[component]`."""
+        """Move to `device` and cast each component's precision modules to `precision[component]`,
+        a dtype its policy supports (runtime.precision.check_policy says which)."""
         self.flow.to(device)
         self.hift.to(device)
         for comp, dtype in (precision or {}).items():
-            for m in self.component_modules()[comp]:
+            for m in self.precision_modules(comp):
                 m.to(dtype)
         return self
 

@@ -60,3 +60,61 @@ def test_the_runtime_names_the_backends_and_each_has_a_builder():
     assert profile.BACKENDS is NAMES
     assert sorted(_BUILDERS) == sorted(NAMES)
     assert [get_builder(name).name for name in NAMES] == list(NAMES)
+
+
+def test_hift_float16_parses_and_names_its_keys_float16():
+    from c2w.exporter.profile import Precision, parse_profile
+    p = parse_profile({"precision": {"cfm": "float16", "hift": "float16", "tf32": False},
+                       "extra_keys": [{"component": "hift", "B": 32, "F": 158, "S": 3840}]}, "p.yaml")
+    assert p.precision == Precision(cfm="float16", hift="float16", tf32=False)
+    assert [k.id for k in p.extra_keys] == ["hift-B32-F158-S3840-float16"]
+
+
+@pytest.mark.parametrize("precision, match", [
+    ({"hift": "bfloat16"},
+     r"p.yaml: 'precision.hift': received 'bfloat16'; expected one of \['float16', 'float32'\] \(bfloat16 "
+     r"convolutions measured 27.7-29.7 dB SNR against float32 at B=32 F=158 on the H200 \(float16: 48.6 dB\), "
+     r"below the fidelity bar"),
+    ({"hift": "float16", "tf32": True},
+     r"p.yaml: 'precision.tf32': received true; expected false with hift: float16 \(its float32 parts, the f0 "
+     r"predictor above all, were measured with TF32 off; .*38.7 dB.*48.6 dB\)\. Set tf32: false"),
+    ({"hift": "float64"}, r"'precision.hift': received 'float64'; expected one of \['float16', 'float32'\]$"),
+    ({"flow_encoder": "int8"}, r"'precision.flow_encoder': received 'int8'; expected one of \['bfloat16', 'float16', "
+                               r"'float32'\]$"),
+    ({"hift": 16}, r"'precision.hift': received int 16; expected str"),
+    ({"tf32": "yes"}, r"'precision.tf32': received str 'yes'; expected bool"),
+])
+def test_precision_policy_rejects_what_a_unit_does_not_support(precision, match):
+    from c2w.exporter.profile import parse_profile
+    with pytest.raises(C2WUserError, match=match):
+        parse_profile({"precision": precision}, "p.yaml")
+
+
+def test_the_runtime_checks_a_manifests_policy_too():
+    """A manifest's precision goes through the same check when its model is loaded."""
+    import torch
+
+    from c2w.runtime.precision import component_dtypes, load_at_precision
+    assert component_dtypes({"hift": "float16"})["hift"] == torch.float16
+    with pytest.raises(C2WUserError, match=r"precision.tf32: received true; expected false with hift: float16"):
+        load_at_precision("random:tiny", "cpu", {"hift": "float16", "tf32": True})
+    with pytest.raises(C2WUserError, match=r"precision.hift: received 'bfloat16'"):
+        component_dtypes({"hift": "bfloat16"})
+
+
+def test_weight_bytes_count_float16_only_on_hifts_conv_stack():
+    """The planner charges HiFT's convolutions at 2 bytes and its float32 parts (f0 predictor, NSF
+    source, Snake alphas, STFT / ISTFT kernels) at 4, before and after the exporter's cast."""
+    import dataclasses
+
+    from c2w.exporter.plan import precision_weights, weight_bytes
+    from c2w.exporter.profile import Precision
+    from c2w.runtime.model.weights import load_model
+    from c2w.runtime.precision import component_dtypes
+    model = load_model("random:tiny")
+    stack = sum(t.numel() for m in model.hift.precision_modules() for t in m.parameters())
+    total = weight_bytes(model)["hift"]
+    p = dataclasses.replace(load_profile("cpu"), precision=Precision(hift="float16"))
+    assert precision_weights(model, p)["hift"] == total - 2 * stack
+    assert precision_weights(model.to("cpu", component_dtypes({"hift": "float16"})), p)["hift"] == total - 2 * stack
+    assert weight_bytes(model)["hift"] == total - 2 * stack            # as the model holds them now

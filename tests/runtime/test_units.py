@@ -111,3 +111,50 @@ def test_graph_variants():
     assert variant["hift"](HIFT) == "hift-F58-cached"
     assert variant["hift"](HIFT_FIRST) == "hift-F50"
     assert variant["hift"](HIFT_FIRST.with_dims(B=7)) == "hift-F50"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_eager_outputs_have_the_dtypes_the_spec_declares(dtype):
+    """The spec is the one place that says a unit's input and output dtypes; verification holds
+    engines to the output dtypes. HiFT's are float32 under its float16 policy too."""
+    from c2w.runtime.precision import load_at_precision
+    m = load_at_precision("random:tiny", "cpu", {c: dtype for c in SPECS})
+    runner = EagerRunner(m)
+    for key in (ENC, ENC_LAST, CFM.with_dims(B=1, T=8, L=4), HIFT_FIRST.with_dims(B=1)):
+        key = ShapeKey(key.component, key.dims, dtype)
+        spec = SPECS[key.component]
+        inputs = spec.example_inputs(m.cfg, key)
+        assert [t.dtype for t in inputs] == list(spec.input_dtypes(key))
+        outputs = runner.run(key, inputs)
+        assert [t.dtype for t in outputs] == list(spec.output_dtypes(key)), key.id
+    assert SPECS["hift"].output_dtypes(HIFT.with_dims()) == (torch.float32, torch.float32)
+
+
+def test_a_float16_hift_model_names_its_hift_keys_float16_and_nothing_else():
+    """The driver asks the engine cache for HiFT keys of the policy's dtype, the one the manifest
+    check compares, while the model's f0 predictor stays float32."""
+    from c2w.runtime.cache import manifest_mismatch
+    from c2w.runtime.precision import load_at_precision
+    from c2w.runtime.stream import StreamDriver
+    m = load_at_precision("random:tiny", "cpu", {"hift": "float16"})
+    assert {c: m.component_dtype(c) for c in SPECS} == {"flow_encoder": torch.float32, "cfm": torch.float32,
+                                                         "hift": torch.float16}
+    asked = []
+
+    class Recording(EagerRunner):
+        def run(self, key, inputs):
+            asked.append(key)
+            return super().run(key, inputs)
+
+    drv = StreamDriver(m, Recording(m), trim_conformer=True)
+    g = torch.Generator().manual_seed(0)
+    st = drv.setup(torch.randint(0, m.cfg.vocab_size, (1, 10), generator=g), torch.randn(1, 20, 80, generator=g),
+                   torch.randn(1, 192, generator=g))
+    pcm = drv.step(st, torch.randint(0, m.cfg.vocab_size, (1, 7), generator=g))
+    assert pcm.dtype == torch.float32 and pcm.shape == (1, 8 * 480 - m.cfg.hift_source_cache)
+    assert {(k.component, k.dtype) for k in asked} == {("flow_encoder", "float32"), ("cfm", "float32"),
+                                                        ("hift", "float16")}
+    manifest = type("M", (), {"model": {"digest": m.digest}, "backend": {}, "device": "cpu",
+                              "precision": {"flow_encoder": "float32", "cfm": "float32", "hift": "float32"}})
+    assert manifest_mismatch(manifest, m, None, torch.device("cpu")) == \
+        "hift precision float32 != loaded model's float16"
