@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The serving benchmark on the H200, in two device calls chained while the machine is warm:
 #   1. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh export   (build h200_serve.yaml in SHARDS shards)
-#   2. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh bench    (c2w bench --serve: 28 and 78 tokens, one
+#   2. C2W_COMMIT=<sha> bash benchmarks/serving/run.sh bench    (MERGE=1: merge an export call's MERGE=0
+#      shards first; c2w bench --serve: 28 and 78 tokens, one
 #      shared voice; LANES="1 2" runs both with one and with two chunk lanes; SDET=<seconds> adds
 #      determinism.py; PACED, OVERHEAD and LONG78 below add runs)
 set -u
@@ -12,6 +13,8 @@ case "${1:-}" in
     PROFILE=benchmarks/serving/h200_serve.yaml SHARDS=${SHARDS:-14} EXPORT_S=${EXPORT_S:-520} BENCH_S=0 \
       bash benchmarks/h200/run.sh ;;
   bench)
+    # MERGE=1: first merge the shards an `export` call with MERGE=0 left (measuring on the GPU)
+    [ "${MERGE:-0}" != 0 ] && SKIP_EXPORT=1 BENCH_S=0 bash benchmarks/h200/run.sh
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
     # OVERLAP=<seconds>: first, how two engine calls overlap when two lanes run them (overlap.py)
     [ "${OVERLAP:-0}" != 0 ] && timeout $OVERLAP python3 benchmarks/serving/overlap.py /tmp/art/all \
