@@ -42,7 +42,7 @@ from c2w.exporter.plan import Plan, PlannedKey, make_plan, precision_weights, re
 from c2w.exporter.profile import Profile
 from c2w.runtime import memory
 from c2w.runtime.errors import WRITE_ERRNOS, C2WUserError, write_error
-from c2w.runtime.manifest import (BackendRef, Entry, ForeignManifestError, Manifest, ModelRef, ProfileRef,
+from c2w.runtime.manifest import (MANIFEST, BackendRef, Entry, ForeignManifestError, Manifest, ModelRef, ProfileRef,
                               Status, entry_identity, file_problem, file_record, file_sha256, read_manifest,
                               write_manifest)
 from c2w.runtime.model.weights import Code2Wav
@@ -146,7 +146,7 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
                 run.check(name, pks)
         return run.result
     groups = artifact_groups(builder, plan, every_key=True)
-    if (out_dir / "manifest.json").is_file():
+    if (out_dir / MANIFEST).is_file():
         run.read_previous()
     units = {name: run.identify(pks) for name, pks in groups}      # each key's unit, built once
     reusable = {name for name, pks in groups if run.reuse(pks)}     # any shard's: the directory may be shared

@@ -26,7 +26,7 @@ import torch
 from c2w.exporter.budget import Ledger, keep_by_measurement, remove_unused_artifacts
 from c2w.runtime.atomic import atomic_output
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.manifest import Entry, Manifest, Status, file_sha256, read_manifest, write_manifest
+from c2w.runtime.manifest import MANIFEST, Entry, Manifest, Status, file_sha256, read_manifest, write_manifest
 from c2w.runtime.memory import memory_kind
 
 # What the shards of one export share (a profile and a model by digest: their paths may differ
@@ -47,12 +47,12 @@ def merge_dirs(out: Path, shards: list[Path]) -> MergeResult:
     if not shards:
         raise C2WUserError("c2w merge", "no shard directories", "one or more directories written by c2w export")
     shards = [Path(s) for s in shards]
-    missing = [s for s in shards if not (s / "manifest.json").is_file()]
+    missing = [s for s in shards if not (s / MANIFEST).is_file()]
     for s in missing:            # a shard killed before its first key: nothing to take from it
-        print(f"c2w merge: skipping '{s}' (no manifest.json)")
+        print(f"c2w merge: skipping '{s}' (no {MANIFEST})")
     shards = [s for s in shards if s not in missing]
     if not shards:
-        raise C2WUserError("c2w merge", "no shard directory with a manifest.json", "at least one")
+        raise C2WUserError("c2w merge", f"no shard directory with a {MANIFEST}", "at least one")
     manifests = [read_manifest(s) for s in shards]
     base = manifests[0]
     for s, m in zip(shards[1:], manifests[1:]):
