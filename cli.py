@@ -220,10 +220,11 @@ def verify(out: Path = typer.Argument(..., help="artifact directory"),
     manifest, checked = verify_directory(out, device)
     bad = 0
     for e in checked:
-        worst = max(e.parity.get("rel_l2", {"-": float("nan")}).values()) if e.parity else float("nan")
+        p = e.parity          # None: the file check failed before parity ran
+        worst = max(p.rel_l2.values(), default=float("nan")) if p is not None else float("nan")
         ok = e.status == Status.BUILT
         bad += not ok
-        console.print(f"{'ok  ' if ok else 'FAIL'} {e.id}  worst rel-L2 {worst:.2e} (tol {e.parity.get('tol', '-')})"
+        console.print(f"{'ok  ' if ok else 'FAIL'} {e.id}  worst rel-L2 {worst:.2e} (tol {p.tol if p is not None else '-'})"
                       + ("" if ok else f"  {e.error}"), highlight=False, markup=False)
     console.print(f"{len(checked) - bad}/{len(checked)} artifacts pass")
     if bad:                         # the runtime would not load them all: measuring them together says nothing
@@ -244,7 +245,7 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
     """Combine the artifact directories of sharded export jobs into one."""
     from c2w.exporter.budget import mib
     from c2w.exporter.merge import merge_dirs
-    from c2w.runtime.manifest import Status
+    from c2w.runtime.manifest import Measurement, Status
     res = merge_dirs(out, shards)
     m = res.manifest
     n = sum(e.status == Status.BUILT for e in m.entries)
@@ -256,8 +257,8 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
         err.print(f"error: the merged directory could not be measured: {res.measure_error}", highlight=False,
                   markup=False, soft_wrap=True)
         raise typer.Exit(1)
-    if m.measured:
-        console.print(f"measured together in a fresh process ({m.measured['kind']}): {mib(m.measured['total_bytes'])} "
+    if isinstance(m.measured, Measurement):
+        console.print(f"measured together in a fresh process ({m.measured.kind}): {mib(m.measured.total_bytes)} "
                       f"MiB of {mib(m.budget_bytes)} MiB; {len(res.measured_over)} more keys over the budget by it",
                       highlight=False, soft_wrap=True)
     else:
@@ -269,7 +270,7 @@ def _traffic_profile(out: Path, profile: Optional[str]):
     """The profile whose traffic mix `c2w bench --traffic` runs: --profile, else the manifest's."""
     from c2w.exporter.profile import load_profile
     from c2w.runtime.manifest import read_manifest
-    p = _load(profile, None, None) if profile else load_profile(read_manifest(out).profile["source"])
+    p = _load(profile, None, None) if profile else load_profile(read_manifest(out).profile.source)
     if p.traffic is None:
         raise C2WUserError("--traffic", f"profile {p.source} without a traffic section",
                            "a profile with a traffic section (docs/profiles.md)", "Name one with --profile.")

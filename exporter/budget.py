@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from c2w.runtime import memory
-from c2w.runtime.manifest import Entry, Manifest, Status, write_manifest
+from c2w.runtime.manifest import Entry, FailedMeasurement, Manifest, Measurement, Status, write_manifest
 
 # Two measurements of the same directory in fresh processes differ by about 0.1 % on the CPU
 # (docs/budget.md); `c2w verify` re-measures and allows this much over the budget before failing,
@@ -105,7 +105,7 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
         try:
             got = got or memory.measure_directory(out_dir, manifest, device)
         except memory.MeasureError as err:
-            manifest.measured = {"error": str(err)}
+            manifest.measured = FailedMeasurement(str(err))
             return dropped, str(err)
         per_key = got.pop("per_key")
         first = next((i for i, (_, _, total) in enumerate(per_key) if total > budget), None)
@@ -114,7 +114,7 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
             for key_id, own, _ in per_key:
                 by_id[key_id].device_bytes, by_id[key_id].memory_kind = own, kind
             manifest.engine_shared_bytes.update(got["engine_shared_bytes"])
-            manifest.measured = got
+            manifest.measured = Measurement(**got)
             return dropped, None
         why = (f"over budget: the directory measured {mib(per_key[first][2])} MiB in a fresh process with the "
                f"keys up to {per_key[first][0]}, budget {mib(budget)} MiB")
@@ -124,7 +124,7 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
         remove_unused_artifacts(out_dir, manifest, built[first:])
         write_manifest(out_dir, manifest)
         built, got = built[:first], None
-    manifest.measured = {}
+    manifest.measured = None
     return dropped, None
 
 
@@ -153,7 +153,7 @@ def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device)
                     over.append(e)
                     probe.drop(e.id)
     except memory.MeasureError as err:
-        manifest.measured = {"error": str(err)}
+        manifest.measured = FailedMeasurement(str(err))
         return over, str(err)
     remove_unused_artifacts(out_dir, manifest, over)
     write_manifest(out_dir, manifest)

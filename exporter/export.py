@@ -42,8 +42,9 @@ from c2w.exporter.plan import Plan, PlannedKey, make_plan, precision_weights, re
 from c2w.exporter.profile import Profile
 from c2w.runtime import memory
 from c2w.runtime.errors import WRITE_ERRNOS, C2WUserError, write_error
-from c2w.runtime.manifest import (Entry, ForeignManifestError, Manifest, Status, entry_identity, file_problem,
-                              file_record, file_sha256, read_manifest, write_manifest)
+from c2w.runtime.manifest import (MANIFEST, BackendRef, Entry, ForeignManifestError, Manifest, ModelRef, ProfileRef,
+                              Status, entry_identity, file_problem, file_record, file_sha256, read_manifest,
+                              write_manifest)
 from c2w.runtime.model.weights import Code2Wav
 from c2w.runtime.precision import load_at_precision, set_tf32
 from c2w.runtime.units import SPECS
@@ -145,7 +146,7 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
                 run.check(name, pks)
         return run.result
     groups = artifact_groups(builder, plan, every_key=True)
-    if (out_dir / "manifest.json").is_file():
+    if (out_dir / MANIFEST).is_file():
         run.read_previous()
     units = {name: run.identify(pks) for name, pks in groups}      # each key's unit, built once
     reusable = {name for name, pks in groups if run.reuse(pks)}     # any shard's: the directory may be shared
@@ -209,7 +210,7 @@ class _Run:
         return [SPECS[pk.key.component].build(self.model, pk.key).eval() for pk in pks]
 
     def job(self, name: str, pks: list[PlannedKey], units: list[torch.nn.Module]) -> BuildJob:
-        file = self.builder.artifact_name(name, self.manifest.backend["version"], self.manifest.device)
+        file = self.builder.artifact_name(name, self.manifest.backend.version, self.manifest.device)
         return BuildJob(self.model, self.device, self.profile, name, [pk.key for pk in pks], units,
                         self.out_dir / self.profile.backend / file, self.out_dir, self.build_options)
 
@@ -225,7 +226,7 @@ class _Run:
         for pk, unit in zip(pks, units):
             self.entry(pk.key.id).identity = entry_identity(
                 model_digest=self.model.digest, key_id=pk.key.id, backend=self.profile.backend,
-                backend_version=m.backend["version"], torch_version=torch.__version__, device=m.device,
+                backend_version=m.backend.version, torch_version=torch.__version__, device=m.device,
                 precision=m.precision, build_options=self.build_options, weights_layout=weights_layout(unit),
                 artifact_keys=[p.key.id for p in pks] if len(pks) > 1 else None)
         return units
@@ -455,9 +456,9 @@ def entry_for(pk: PlannedKey, status: Status) -> Entry:
 
 def new_manifest(profile: Profile, model: Code2Wav, backend_version: str, device: torch.device, plan: Plan) -> Manifest:
     return Manifest(
-        profile={"name": profile.name, "digest": profile.digest, "source": profile.source},
-        model={"spec": model.source, "digest": model.digest, "config": model.cfg.name},
-        backend={"name": profile.backend, "version": backend_version},
+        profile=ProfileRef(name=profile.name, digest=profile.digest, source=profile.source),
+        model=ModelRef(spec=model.source, digest=model.digest, config=model.cfg.name),
+        backend=BackendRef(name=profile.backend, version=backend_version),
         torch_version=torch.__version__, device=device_name(device),
         precision=dataclasses.asdict(profile.precision),
         budget_bytes=profile.budget_bytes, weight_bytes=plan.weight_bytes,

@@ -15,20 +15,23 @@ budget.md). On a machine without that device it says so and leaves the measureme
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
-from pathlib import Path
-
 from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
 
 import torch
 
 from c2w.exporter.budget import Ledger, keep_by_measurement, remove_unused_artifacts
 from c2w.runtime.atomic import atomic_output
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.manifest import Entry, Manifest, Status, file_sha256, read_manifest, write_manifest
+from c2w.runtime.manifest import MANIFEST, Entry, Manifest, Status, file_sha256, read_manifest, write_manifest
 from c2w.runtime.memory import memory_kind
 
-_SAME = ("profile", "model", "backend", "device", "precision", "torch_version")
+# What the shards of one export share (a profile and a model by digest: their paths may differ
+# between the machines that ran the shards).
+_SAME = ("profile.digest", "model.digest", "backend", "device", "precision", "torch_version")
 
 
 @dataclass
@@ -44,19 +47,18 @@ def merge_dirs(out: Path, shards: list[Path]) -> MergeResult:
     if not shards:
         raise C2WUserError("c2w merge", "no shard directories", "one or more directories written by c2w export")
     shards = [Path(s) for s in shards]
-    missing = [s for s in shards if not (s / "manifest.json").is_file()]
+    missing = [s for s in shards if not (s / MANIFEST).is_file()]
     for s in missing:            # a shard killed before its first key: nothing to take from it
-        print(f"c2w merge: skipping '{s}' (no manifest.json)")
+        print(f"c2w merge: skipping '{s}' (no {MANIFEST})")
     shards = [s for s in shards if s not in missing]
     if not shards:
-        raise C2WUserError("c2w merge", "no shard directory with a manifest.json", "at least one")
+        raise C2WUserError("c2w merge", f"no shard directory with a {MANIFEST}", "at least one")
     manifests = [read_manifest(s) for s in shards]
     base = manifests[0]
     for s, m in zip(shards[1:], manifests[1:]):
         for f in _SAME:
-            a, b = getattr(base, f), getattr(m, f)
-            if (a.get("digest", a) if isinstance(a, dict) and f in ("profile", "model") else a) != \
-               (b.get("digest", b) if isinstance(b, dict) and f in ("profile", "model") else b):
+            a, b = attrgetter(f)(base), attrgetter(f)(m)
+            if a != b:
                 raise C2WUserError(f"shard '{s}' {f}", repr(b), f"{a!r} (as in '{shards[0]}')",
                                    "Merge only shards of one export (same profile, model, backend, device).")
     rank = {Status.BUILT: 0, Status.FAILED: 1, Status.UNSUPPORTED: 2, Status.OVER_BUDGET: 3, Status.SKIPPED_BUDGET: 4,
@@ -72,8 +74,7 @@ def merge_dirs(out: Path, shards: list[Path]) -> MergeResult:
         for comp, n in m.engine_shared_bytes.items():
             shared_state[comp] = max(n, shared_state.get(comp, 0))
     ledger = Ledger(base.budget_bytes, dict(base.weight_bytes), shared_state)
-    merged = Manifest(**{**base.__dict__, "entries": [], "shared": {}, "engine_shared_bytes": shared_state,
-                         "measured": {}})
+    merged = dataclasses.replace(base, entries=[], shared={}, engine_shared_bytes=shared_state, measured=None)
     files = {k: v for m in manifests for k, v in m.shared.items()}
     for s, e in (best[e.id] for e in base.entries if e.id in best):
         if e.status == Status.BUILT and e.device_bytes is not None and not ledger.fits(e.component, e.device_bytes):

@@ -13,16 +13,16 @@ from pathlib import Path
 from c2w.exporter.budget import mib, recorded_ledger
 from c2w.runtime.atomic import atomic_output
 from c2w.runtime.errors import MissingBackendError
-from c2w.runtime.manifest import Manifest, Status
+from c2w.runtime.manifest import FailedMeasurement, Manifest, Measurement, Status
 
 FORMATS = ("table", "markdown", "json")
 
 
 def _parity(e) -> str:
-    if not e.parity:
+    if e.parity is None:
         return "-"
-    worst = max(e.parity["rel_l2"].values()) if e.parity.get("rel_l2") else float("nan")
-    return f"{worst:.1e} {'ok' if e.parity.get('passed') else 'FAIL'}"
+    worst = max(e.parity.rel_l2.values(), default=float("nan"))
+    return f"{worst:.1e} {'ok' if e.parity.passed else 'FAIL'}"
 
 
 def breakdown(m: Manifest) -> dict:
@@ -58,7 +58,7 @@ def summary(m: Manifest) -> dict:
     for e in m.entries:
         counts[str(e.status)] = counts.get(str(e.status), 0) + 1
     total = weights + shared + measured
-    directory = m.measured.get("total_bytes")
+    directory = m.measured.total_bytes if isinstance(m.measured, Measurement) else None
     overruns = []
     if total > m.budget_bytes:
         overruns.append(f"the kept keys as measured add up to {mib(total)} MiB")
@@ -67,7 +67,8 @@ def summary(m: Manifest) -> dict:
     return {"budget_bytes": m.budget_bytes, "weight_bytes": weights, "engine_shared_bytes": shared,
             "measured_key_bytes": measured, "estimated_key_bytes": sum(e.est_bytes for e in m.entries
                                                                        if e.status == Status.BUILT),
-            "total_bytes": total, "unmeasured_keys": unmeasured, "directory_measured": m.measured,
+            "total_bytes": total, "unmeasured_keys": unmeasured,
+            "directory_measured": {} if m.measured is None else m.measured.to_dict(),     # as in the manifest
             "over_budget": overruns, **breakdown(m),
             "counts": counts, "build_seconds": round(sum(e.build_seconds for e in m.entries), 1)}
 
@@ -106,12 +107,12 @@ def budget_rows(s: dict) -> list[list[str]]:
 
 def _totals(m: Manifest, s: dict) -> list[str]:
     lines = []
-    d = s["directory_measured"]
-    if "total_bytes" in d:
+    d = m.measured
+    if isinstance(d, Measurement):
         lines.append(f"budget {mib(s['budget_bytes'])} MiB; the directory measured together in a fresh process: "
-                     f"{mib(d['total_bytes'])} MiB ({d['keys']} keys, {d.get('kind', '?')})")
-    elif "error" in d:
-        lines.append(f"budget {mib(s['budget_bytes'])} MiB; the directory could not be measured: {d['error'][:200]}")
+                     f"{mib(d.total_bytes)} MiB ({d.keys} keys, {d.kind})")
+    elif isinstance(d, FailedMeasurement):
+        lines.append(f"budget {mib(s['budget_bytes'])} MiB; the directory could not be measured: {d.error[:200]}")
     else:
         lines.append(f"budget {mib(s['budget_bytes'])} MiB; the directory has not been measured together in a fresh "
                      "process (merged from shards, or exported by an older c2w): c2w verify measures it")
@@ -133,8 +134,8 @@ def render(m: Manifest, fmt: str = "table") -> str:
     s = summary(m)
     if fmt == "json":
         return json.dumps({"manifest": json.loads(m.to_json()), "summary": s}, indent=1)
-    head = (f"profile {m.profile['name']}  backend {m.backend['name']} {m.backend['version']}  device {m.device}  "
-            f"model {m.model['spec']} ({m.model['digest']})")
+    head = (f"profile {m.profile.name}  backend {m.backend.name} {m.backend.version}  device {m.device}  "
+            f"model {m.model.spec} ({m.model.digest})")
     tot = _totals(m, s)
     if fmt == "markdown":
         lines = [f"**{head}**", ""] + _md_table(HEADER, rows(m)) + [""] + _md_table(BUDGET_HEADER, budget_rows(s))
@@ -181,8 +182,8 @@ def plot(m: Manifest, path: Path) -> Path:
         h = s["by_component"][c]["total_bytes"] / 2**20
         left.bar(len(comps), h, bottom=bottom, color=colour[c], edgecolor="k", linewidth=0.3)
         bottom += h
-    if "total_bytes" in s["directory_measured"]:
-        left.plot([len(comps) - 0.4, len(comps) + 0.4], [s["directory_measured"]["total_bytes"] / 2**20] * 2,
+    if isinstance(m.measured, Measurement):
+        left.plot([len(comps) - 0.4, len(comps) + 0.4], [m.measured.total_bytes / 2**20] * 2,
                   color="k", label="measured in a fresh process")
     left.axhline(m.budget_bytes / 2**20, color="r", linestyle="--", label="budget (whole directory)")
     left.set_xticks(range(len(comps) + 1), comps + ["directory"])
@@ -203,7 +204,7 @@ def plot(m: Manifest, path: Path) -> Path:
     right.set_title("kept keys per batch size (measured)")
     if batches:
         right.legend(fontsize=7)
-    fig.suptitle(f"{m.profile['name']} / {m.backend['name']}: where the budget goes")
+    fig.suptitle(f"{m.profile.name} / {m.backend.name}: where the budget goes")
     fig.tight_layout()
     with atomic_output(path) as tmp:
         fig.savefig(tmp, dpi=110)

@@ -32,11 +32,11 @@ def verify_directory(out_dir: Path, device: str | None = None) -> tuple[Manifest
                            "Run c2w export into it first (re-running resumes an interrupted export).")
     dev = verify_device(manifest, device)
     model = model_from_manifest(manifest, dev)
-    if model.digest != manifest.model["digest"]:
-        raise C2WUserError(f"{out_dir}/manifest.json model digest", manifest.model["digest"],
-                           f"{model.digest} (the digest of '{manifest.model['spec']}' now)",
+    if model.digest != manifest.model.digest:
+        raise C2WUserError(f"{out_dir}/manifest.json model digest", manifest.model.digest,
+                           f"{model.digest} (the digest of '{manifest.model.spec}' now)",
                            "The model changed since export: re-run c2w export.")
-    backend = get_backend(manifest.backend["name"])
+    backend = get_backend(manifest.backend.name)
     backend.require()
     bad_shared = {rel: why for rel, r in manifest.shared.items()
                   if (why := file_problem(out_dir, rel, r["bytes"], r["sha256"]))}
@@ -48,7 +48,7 @@ def verify_directory(out_dir: Path, device: str | None = None) -> tuple[Manifest
         why = [file_problem(out_dir, e.artifact, e.artifact_bytes, e.artifact_sha256)]
         why += [bad_shared.get(rel) for rel in e.extra.get("weights_files", [])]
         if any(why):            # the runtime would refuse it: so does verify, before loading it
-            c.status, c.error, c.parity = Status.FAILED, "; ".join(w for w in why if w), {}
+            c.status, c.error, c.parity = Status.FAILED, "; ".join(w for w in why if w), None
             checked.append(c)
             continue
         try:

@@ -80,10 +80,7 @@ def load(artifact_dir: str | Path, model: str | Code2Wav | None = None, device: 
         manifest = e                 # EngineCache warns with the reason and serves eagerly
     readable = not isinstance(manifest, C2WUserError)
     if model is None:
-        model = manifest.model.get("spec")
-        if not isinstance(model, str):
-            raise C2WUserError("runtime.load", f"manifest in '{artifact_dir}' with no model spec",
-                               "a model= argument or a manifest written by c2w export")
+        model = manifest.model.spec
     if device is None:
         device = "cpu" if not readable or manifest.device == "cpu" else "cuda"
     if not readable:

@@ -27,10 +27,10 @@ log = logging.getLogger("c2w.runtime")
 
 def manifest_mismatch(manifest: Manifest, model, backend_version: str | None, device: torch.device) -> str | None:
     """Why this manifest's artifacts cannot serve this model/device, or None if they can."""
-    if manifest.model.get("digest") != model.digest:
-        return f"model digest {manifest.model.get('digest')} != loaded model {model.digest}"
-    if backend_version is not None and manifest.backend.get("version") != backend_version:
-        return f"{manifest.backend.get('name')} version {manifest.backend.get('version')} != installed {backend_version}"
+    if manifest.model.digest != model.digest:
+        return f"model digest {manifest.model.digest} != loaded model {model.digest}"
+    if backend_version is not None and manifest.backend.version != backend_version:
+        return f"{manifest.backend.name} version {manifest.backend.version} != installed {backend_version}"
     if manifest.device != device_name(device):
         return f"built for device '{manifest.device}', running on '{device_name(device)}'"
     for comp in model.component_modules():
@@ -102,7 +102,7 @@ class EngineCache:
         except C2WUserError as e:
             return self._disable(str(e))
         try:
-            self.backend = get_backend(manifest.backend["name"], cuda_graphs=self.cuda_graphs)
+            self.backend = get_backend(manifest.backend.name, cuda_graphs=self.cuda_graphs)
             self.backend.require()
             version = self.backend.version()
         except C2WUserError as e:
@@ -111,7 +111,7 @@ class EngineCache:
         if why:
             return self._disable(f"{self.dir / 'manifest.json'}: {why}")
         for e in manifest.entries:
-            if e.status == Status.BUILT and e.parity.get("passed"):
+            if e.status == Status.BUILT and e.parity is not None and e.parity.passed:
                 self._entries[entry_key(e)] = e
 
     def _shared_weights(self, key: ShapeKey) -> dict:

@@ -5,12 +5,20 @@ change FORMAT_VERSION on any incompatible change; a reader treats another versio
 Version 2 added the `over_budget` status, `engine_shared_bytes` and `measured`, and changed what
 `device_bytes` means (resident bytes, docs/budget.md); a version-1 manifest is still read, its
 per-key numbers (peaks during load + one run) dropped as unmeasured.
+
+In memory each record of the file is a dataclass: ProfileRef, ModelRef, BackendRef, an Entry's
+Parity, the directory's Measurement (or FailedMeasurement). `Manifest.from_dict` checks these
+records field by field, types included (Entry and Manifest: their field names), and `to_json`
+writes them back as the same JSON objects (an unset parity or measurement as {}).
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -44,6 +52,62 @@ class ForeignManifestError(C2WUserError):
     """A readable manifest of another format version: its entries are misses (re-export them)."""
 
 
+@dataclass(frozen=True)
+class ProfileRef:
+    """The profile the directory was exported with."""
+    name: str
+    digest: str                    # exporter.profile's hash of its content
+    source: str                    # the file it was read from (`c2w bench --traffic` reads it again)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The model the artifacts were built from: the runtime serves them only for this digest."""
+    spec: str                      # a checkpoint directory or "random:<preset>" (runtime.model.weights.load_model)
+    digest: str                    # Code2Wav.digest
+    config: str                    # its ModelConfig's name
+
+
+@dataclass(frozen=True)
+class BackendRef:
+    """The backend that built the artifacts: the runtime serves them only with this version."""
+    name: str                      # a runtime.engines name
+    version: str
+
+
+@dataclass(frozen=True)
+class Parity:
+    """An artifact's check against eager on fresh inputs (runtime.verify.check_entry)."""
+    rel_l2: dict[str, float]       # output name -> relative L2 error (inf: a shape that differs)
+    tol: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The directory's built keys loaded together in a fresh process (runtime.memory.measure_directory,
+    docs/budget.md)."""
+    kind: str                      # runtime.memory.memory_kind: "cuda_device" or "host_anon"
+    keys: int
+    weight_bytes: int              # eager weights of the components in use (the manifest's numbers)
+    engine_shared_bytes: dict[str, int]     # component -> state its engines share
+    key_bytes: int
+    total_bytes: int
+    split: dict[str, int] | None = None     # CUDA only: allocated / pool / outside
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not (k == "split" and v is None)}
+
+
+@dataclass(frozen=True)
+class FailedMeasurement:
+    """The directory could not be measured: why."""
+    error: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class Entry:
     id: str
@@ -60,7 +124,7 @@ class Entry:
     device_bytes: int | None = None    # resident bytes of its own, loaded next to the keys kept before it (runtime.memory)
     memory_kind: str = ""          # "cuda_device" (device memory in use) or "host_anon" (anonymous RSS)
     build_seconds: float = 0.0
-    parity: dict = field(default_factory=dict)   # {"rel_l2": {output: value}, "tol": x, "passed": bool}
+    parity: Parity | None = None   # None until checked against eager ({} in the file)
     input_names: list = field(default_factory=list)
     output_names: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)    # backend-specific (e.g. TensorRT profile index)
@@ -68,13 +132,30 @@ class Entry:
 
     def __post_init__(self):
         self.status = Status(self.status)       # a value no Status has: ValueError
+        _require_type(self, "parity", Parity, None)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Entry":
+        """An entry as manifest.json holds it; a field that does not fit: TypeError or ValueError."""
+        if not isinstance(d, dict):
+            raise ValueError(f"an entry that is a JSON {_json_type(d)}, expected an object")
+        d = dict(d)
+        if "parity" in d:
+            p = d["parity"]
+            d["parity"] = None if p == {} else _record(Parity, p, f"entry {d.get('id')!r} parity")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["parity"] = d["parity"] or {}
+        return d
 
 
 @dataclass
 class Manifest:
-    profile: dict                  # name, digest, source
-    model: dict                    # spec, digest
-    backend: dict                  # name, version
+    profile: ProfileRef
+    model: ModelRef
+    backend: BackendRef
     torch_version: str
     device: str                    # "cpu" or the GPU's name
     precision: dict
@@ -84,24 +165,105 @@ class Manifest:
     shared: dict = field(default_factory=dict)   # shared files (ONNX weights): path -> {bytes, sha256}
     entries: list[Entry] = field(default_factory=list)
     engine_shared_bytes: dict = field(default_factory=dict)   # component -> state its engines share, measured
-    measured: dict = field(default_factory=dict)   # the directory loaded together in a fresh process (docs/budget.md)
+    # the directory loaded together in a fresh process (docs/budget.md); None: not measured ({} in the file)
+    measured: Measurement | FailedMeasurement | None = None
     format_version: int = FORMAT_VERSION
+
+    def __post_init__(self):
+        _require_type(self, "profile", ProfileRef)
+        _require_type(self, "model", ModelRef)
+        _require_type(self, "backend", BackendRef)
+        _require_type(self, "measured", Measurement, FailedMeasurement, None)
 
     def by_id(self) -> dict[str, Entry]:
         return {e.id: e for e in self.entries}
 
+    def to_dict(self) -> dict:
+        """The JSON object manifest.json holds: each record as an object, an unset parity or
+        measurement as {}."""
+        d = asdict(dataclasses.replace(self, entries=[], measured=None))
+        d["entries"] = [e.to_dict() for e in self.entries]
+        d["measured"] = {} if self.measured is None else self.measured.to_dict()
+        return d
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=False)
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Manifest":
+        """A manifest as manifest.json holds it (format_version 1 or 2); a field that does not fit:
+        TypeError or ValueError (read_manifest says which file)."""
         d = dict(d)
-        d["entries"] = [Entry(**e) for e in d.get("entries", [])]
+        entries = d.get("entries", [])
+        if not isinstance(entries, list):
+            raise ValueError(f"entries: a JSON {_json_type(entries)}, expected a list")
+        d["entries"] = [Entry.from_dict(e) for e in entries]
+        for name, record in (("profile", ProfileRef), ("model", ModelRef), ("backend", BackendRef)):
+            if name in d:
+                d[name] = _record(record, d[name], name)
+        if "measured" in d:
+            m = d["measured"]
+            d["measured"] = (None if m == {} else
+                             _record(FailedMeasurement if isinstance(m, dict) and "error" in m else Measurement,
+                                     m, "measured"))
         if d.get("format_version") == 1:       # its device_bytes were peaks, not resident bytes
             for e in d["entries"]:
                 e.device_bytes, e.memory_kind = None, ""
             d["format_version"] = FORMAT_VERSION
         return cls(**d)
+
+
+_JSON_TYPES = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+               type(None): "null"}
+
+
+def _json_type(value) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _fits(value, tp) -> bool:
+    """Whether a JSON value has the annotated type `tp` (str, int, float, bool, None, dict[str, X], X | Y)."""
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        return any(_fits(value, t) for t in typing.get_args(tp))
+    if typing.get_origin(tp) is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) and _fits(v, typing.get_args(tp)[1])
+                                               for k, v in value.items())
+    if tp is float:                            # JSON writes 1.0 as 1.0, but a hand-made 1 is a number too
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _record(cls, value, where: str):
+    """The record `cls` (a dataclass) from the JSON object `value`: exactly its fields, each of its
+    type. Else a ValueError that names `where`, the field and what it expected."""
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields]
+    required = [f.name for f in fields if f.default is dataclasses.MISSING]
+    optional = [n for n in names if n not in required]
+    expected = ", ".join(required) + (f"; optional: {', '.join(optional)}" if optional else "")
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: a JSON {_json_type(value)}, expected an object ({expected})")
+    if not set(required) <= set(value) <= set(names):
+        raise ValueError(f"{where}: fields ({', '.join(value)}), expected ({expected})")
+    hints = typing.get_type_hints(cls)
+    for k, v in value.items():
+        if not _fits(v, hints[k]):
+            raise ValueError(f"{where}.{k}: a JSON {_json_type(v)} ({v!r:.60}), expected {_type_name(hints[k])}")
+    return cls(**value)
+
+
+def _type_name(tp) -> str:
+    return str(tp).replace("typing.", "") if typing.get_origin(tp) else getattr(tp, "__name__", str(tp))
+
+
+def _require_type(obj, name: str, *types_) -> None:
+    """A programming error, not a file's: a field set to something other than its record."""
+    value = getattr(obj, name)
+    if not any(value is None if t is None else isinstance(value, t) for t in types_):
+        raise TypeError(f"{type(obj).__name__}.{name}: {value!r:.80} is not a "
+                        + " or ".join("None" if t is None else t.__name__ for t in types_))
 
 
 def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
@@ -140,7 +302,7 @@ def model_from_manifest(manifest: Manifest, device, spec: str | None = None) -> 
     """The eager model the manifest's artifacts were built from (or the model `spec`), on `device`
     at the manifest's precision, with TF32 set as the manifest says (process-wide, logged)."""
     set_tf32(manifest.precision.get("tf32", False), "the manifest's precision.tf32")
-    return load_at_precision(spec or manifest.model["spec"], device, manifest.precision)
+    return load_at_precision(spec or manifest.model.spec, device, manifest.precision)
 
 
 def file_problem(out_dir: Path, rel: str, size: int, sha256: str) -> str | None:

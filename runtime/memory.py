@@ -109,7 +109,7 @@ class Resident:
 
     def __init__(self, out_dir: Path, manifest: Manifest, device: torch.device):
         self.out_dir, self.device = Path(out_dir), device
-        self.backend = get_backend(manifest.backend["name"])
+        self.backend = get_backend(manifest.backend.name)
         self.backend.require()                  # the SDK's libraries load before anything is measured
         self.model = model_from_manifest(manifest, device)
         self.eager = EagerRunner(self.model)
@@ -185,7 +185,7 @@ class MeasureProcess:
                                       stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
         header = dataclasses.replace(manifest, entries=[])
         try:
-            self._ask({"out_dir": str(out_dir), "device": str(self.device), "manifest": json.loads(header.to_json())})
+            self._ask({"out_dir": str(out_dir), "device": str(self.device), "manifest": header.to_dict()})
         except BaseException:
             self.close()
             raise
@@ -214,7 +214,7 @@ class MeasureProcess:
         return self._proc.poll() is None
 
     def add(self, entry: Entry) -> dict:
-        return self._ask({"add": dataclasses.asdict(entry)})
+        return self._ask({"add": entry.to_dict()})
 
     def drop(self, key_id: str) -> None:
         self._ask({"drop": key_id})
@@ -291,7 +291,7 @@ def _serve() -> int:
                 resident = Resident(Path(req["out_dir"]), man, torch.device(req["device"]))
                 reply({"ready": True})
             elif "add" in req:
-                reply(resident.add(Entry(**req["add"])))
+                reply(resident.add(Entry.from_dict(req["add"])))
             elif "drop" in req:
                 resident.drop(req["drop"])
                 reply({"dropped": req["drop"]})

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from c2w.runtime.engines.base import ArtifactInfo
-from c2w.runtime.manifest import Entry, Status
+from c2w.runtime.manifest import Entry, Parity, Status
 from c2w.runtime.units import SPECS, ShapeKey, rel_l2
 
 VERIFY_SEED = 1234        # inputs differ from the ones the artifact was exported with
@@ -109,7 +109,7 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
         else:
             errs[name] = rel_l2(g.to(w.device), w)
     passed = len(got) == len(want) and all(v <= tol for v in errs.values())
-    entry.parity = {"rel_l2": errs, "tol": tol, "passed": passed}
+    entry.parity = Parity(rel_l2=errs, tol=tol, passed=passed)
     entry.status = Status.BUILT if passed else Status.FAILED
     wrong_note = f" (outputs of the wrong dtype or shape: {'; '.join(wrong)})" if wrong else ""
     entry.error = None if passed else f"parity failed: rel-L2 {errs} above {tol}{wrong_note}"

@@ -76,7 +76,7 @@ def seed_artifacts(src: Path, dst: Path, ids: set[str]) -> int:
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / rel, dst / rel)
     if entries:
-        write_manifest(dst, dataclasses.replace(m, entries=entries, shared=shared, engine_shared_bytes={}, measured={}))
+        write_manifest(dst, dataclasses.replace(m, entries=entries, shared=shared, engine_shared_bytes={}, measured=None))
     return len(entries)
 
 

@@ -129,9 +129,9 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     model = model_from_manifest(manifest, device)
     eager = EagerRunner(model)
     reduced = any(manifest.precision[c] != "float32" for c in SPECS)
-    eager32 = EagerRunner(load_model(manifest.model["spec"]).to(device)) if reduced else None
-    res = {"device": manifest.device, "torch": torch.__version__, "backend": manifest.backend,
-           "model": manifest.model, "precision": manifest.precision, "commit": _commit(),
+    eager32 = EagerRunner(load_model(manifest.model.spec).to(device)) if reduced else None
+    res = {"device": manifest.device, "torch": torch.__version__, "backend": dataclasses.asdict(manifest.backend),
+           "model": dataclasses.asdict(manifest.model), "precision": manifest.precision, "commit": _commit(),
            "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "keys": [], "stream": []}
     save = (lambda: write(res, out)) if out is not None else (lambda: None)
     stream_reps = max(5, reps // 2) if stream_reps is None else stream_reps
@@ -139,7 +139,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
                  model32=eager32.model if eager32 is not None else None, rows=res["stream"], save=save,
                  cuda_graphs=cuda_graphs)
     built = [e for e in manifest.entries if e.status == "built" and (not keys or e.id in keys)]
-    policy = get_backend(manifest.backend["name"], cuda_graphs=cuda_graphs)   # the graph policy served with
+    policy = get_backend(manifest.backend.name, cuda_graphs=cuda_graphs)   # the graph policy served with
     for e in built:
         key = entry_key(e)
         spec = SPECS[key.component]
@@ -154,7 +154,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
             row["eager"]["fp32_fidelity"] = fidelity(want[0], ref32)
         info = artifact_info(artifact_dir, e, model.cfg)
         weights = unit_weights(eager.unit(key))
-        variants = engine_variants(manifest.backend["name"], info, device)
+        variants = engine_variants(manifest.backend.name, info, device)
         if device.type == "cuda":
             try:
                 g = CapturedCall(lambda *a: eager.run(key, list(a)), info.input_shapes,

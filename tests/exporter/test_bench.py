@@ -198,7 +198,7 @@ def test_session_fidelity_plumbing(ort_artifacts):
     from c2w.runtime.manifest import read_manifest
     from c2w.runtime.model.weights import load_model
     m = read_manifest(ort_artifacts)
-    model = load_model(m.model["spec"])
+    model = load_model(m.model.spec)
     cache = EngineCache(ort_artifacts, model)
     f = session_fidelity(model, model, cache, torch.device("cpu"), P=m.schedule["prompt_frames"], trim=True, chunks=2)
     assert f["chunks"] == 2 and f["samples"] > 0
@@ -229,7 +229,7 @@ def test_load_memory_counts_each_engine_as_it_loads(ort_artifacts, monkeypatch):
     from c2w.runtime.cache import EngineCache
     from c2w.runtime.manifest import read_manifest
     from c2w.runtime.model.weights import load_model
-    model = load_model(read_manifest(ort_artifacts).model["spec"])
+    model = load_model(read_manifest(ort_artifacts).model.spec)
     MiB = 1 << 20
     c = {"allocated": 1000 * MiB, "reserved": 1200 * MiB, "used": 1500 * MiB}
     real_load = EngineCache.load

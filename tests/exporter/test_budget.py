@@ -102,8 +102,8 @@ def test_a_partial_budget_keeps_what_the_measurement_allows_and_resume_keeps_it(
             assert e.artifact is None and e.device_bytes > 0 and "over budget" in e.error
     assert not (d / "onnxruntime" / f"{HIFT58}.onnx").exists() and (d / "onnxruntime" / f"{ENC100}.onnx").exists()
     # the directory measured together in a fresh process, and its parts adding up to it exactly
-    total = m.measured["total_bytes"]
-    assert total <= budget and m.measured["keys"] == 3
+    total = m.measured.total_bytes
+    assert total <= budget and m.measured.keys == 3
     ledger, unmeasured = recorded_ledger(m)
     assert ledger.total() == total and not unmeasured
     # measured again: within the stated tolerance of the record, under the budget by it
@@ -129,10 +129,10 @@ def test_a_built_key_that_does_not_fit_is_not_kept(measured, tmp_path):
     res = export_profile(_profile(_fixed(m0, "flow_encoder") + own[ENC150] + own[ENC200] + room), d)
     m = read_manifest(d)
     e = m.by_id()[ENC100]
-    assert e.status == "over_budget" and e.parity["passed"] and e.device_bytes > room, (e.status, e.error)
+    assert e.status == "over_budget" and e.parity.passed and e.device_bytes > room, (e.status, e.error)
     assert e.artifact is None and not (d / "onnxruntime" / f"{ENC100}.onnx").exists()
     assert (res.built, res.reused, res.over_budget) == (0, 2, 3)
-    assert m.measured["total_bytes"] <= m.budget_bytes
+    assert m.measured.total_bytes <= m.budget_bytes
 
 
 def test_verify_and_report_flag_a_manifest_edited_over_its_budget(measured, tmp_path):
@@ -184,7 +184,7 @@ def test_merge_holds_the_budget_of_the_whole_and_verify_measures_it(measured, tm
     status = {e.id: e.status for e in m.entries}
     assert [k for k in SMALL if status[k] == "built"] == [ENC150, ENC200, ENC100]
     assert [k for k in SMALL if status[k] == "over_budget"] == [HIFT58, HIFT50]
-    assert not list((tmp_path / "all" / "onnxruntime").glob("hift*")) and m.measured == {}
+    assert not list((tmp_path / "all" / "onnxruntime").glob("hift*")) and m.measured is None
     assert "has not been measured together" in render(m)
     result = runner.invoke(app, ["verify", str(tmp_path / "all")])
     assert result.exit_code == 0 and "budget: measured together in a fresh process" in result.output, result.output
@@ -223,7 +223,7 @@ def test_merge_measures_what_shards_left_unmeasured_and_keeps_what_fits(measured
     assert [k for k in SMALL if status[k] == "built"] == [ENC150, ENC200, ENC100]
     assert [k for k in SMALL if status[k] == "over_budget"] == [HIFT58, HIFT50]
     assert not list((tmp_path / "all" / "onnxruntime").glob("hift*"))
-    assert m.measured["keys"] == 3 and m.measured["total_bytes"] <= budget
+    assert m.measured.keys == 3 and m.measured.total_bytes <= budget
     assert all(e.device_bytes is not None and e.memory_kind == "host_anon" for e in m.entries if e.status == "built")
     assert recorded_ledger(m)[0].total() <= budget
     result = runner.invoke(app, ["verify", str(tmp_path / "all")])
@@ -242,7 +242,7 @@ def test_a_shard_that_measures_at_merge_starts_no_measurement_and_keeps_by_estim
     m = read_manifest(d)
     built = [e for e in m.entries if e.status == "built"]
     assert [e.id for e in built] == SMALL and res.reused == 5 and res.exit_code == 0
-    assert all(e.device_bytes is None for e in built) and m.measured == {} and m.engine_shared_bytes == {}
+    assert all(e.device_bytes is None for e in built) and m.measured is None and m.engine_shared_bytes == {}
 
 
 def test_measure_at_merge_needs_a_sharded_export():
@@ -267,7 +267,7 @@ def test_a_key_whose_measurement_fails_is_failed_and_the_export_exits_1(measured
 
 
 def test_the_measurement_process_reports_its_own_failure(measured):
-    bad = dataclasses.replace(measured[1], model={**measured[1].model, "spec": "random:nope"})
+    bad = dataclasses.replace(measured[1], model=dataclasses.replace(measured[1].model, spec="random:nope"))
     with pytest.raises(MeasureError, match="model preset: received .nope."):
         MeasureProcess(measured[0], bad, "cpu")
 

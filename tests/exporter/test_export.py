@@ -36,11 +36,11 @@ def test_planner_follows_the_stream_schedule():
 def test_manifest_contents(ort_artifacts):
     m = read_manifest(ort_artifacts)
     assert m.format_version == FORMAT_VERSION
-    assert m.backend["name"] == "onnxruntime" and m.device == "cpu" and m.torch_version == torch.__version__
-    assert m.model["spec"] == "random:tiny" and len(m.model["digest"]) == 16
+    assert m.backend.name == "onnxruntime" and m.device == "cpu" and m.torch_version == torch.__version__
+    assert m.model.spec == "random:tiny" and len(m.model.digest) == 16
     assert {e.status for e in m.entries} == {"built"} and len(m.entries) == 8
     for e in m.entries:
-        assert e.parity["passed"] and max(e.parity["rel_l2"].values()) <= e.parity["tol"]
+        assert e.parity.passed and max(e.parity.rel_l2.values()) <= e.parity.tol
         assert (ort_artifacts / e.artifact).stat().st_size == e.artifact_bytes
         assert e.device_bytes is not None and e.build_seconds > 0 and e.identity
     cfm = [e for e in m.entries if e.component == "cfm"]
@@ -142,7 +142,7 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     built = {e.id: e for e in m.entries if e.status == "built"}
     assert sorted(built) == sorted(k.id for k in keys) and res.failed == 0
     for e in built.values():
-        assert e.artifact.endswith(".pt2") and e.parity["passed"]
+        assert e.artifact.endswith(".pt2") and e.parity.passed
         # the load-crash signature (a statically linked libstdc++ in the model .so) is refused
         assert static_libstdcxx_objects(tmp_path / "aoti" / e.artifact) == []
     cfm = built["cfm-B1-T50-L150-float32"]

@@ -176,7 +176,7 @@ def test_interrupted_export_keeps_what_it_built_and_resume_builds_only_the_rest(
     assert calls == [first][seeded:]
     m = read_manifest(out)
     entries = m.by_id()
-    assert entries[first_key].status == "built" and entries[first_key].parity["passed"]
+    assert entries[first_key].status == "built" and entries[first_key].parity.passed
     assert file_problem(out, entries[first_key].artifact, entries[first_key].artifact_bytes,
                         entries[first_key].artifact_sha256) is None
     pending = sorted(e.id for e in m.entries if e.status == "pending")
@@ -198,7 +198,7 @@ def test_interrupted_export_keeps_what_it_built_and_resume_builds_only_the_rest(
     assert {e.id for e in m.entries if e.status == "skipped_budget"} == set(entries) - set(KEYS[backend])
     for key in KEYS[backend]:
         e = entries[key]
-        assert e.parity["passed"] and file_problem(out, e.artifact, e.artifact_bytes, e.artifact_sha256) is None
+        assert e.parity.passed and file_problem(out, e.artifact, e.artifact_bytes, e.artifact_sha256) is None
     assert kept.stat().st_mtime_ns == kept_stat.st_mtime_ns and kept.stat().st_ino == kept_stat.st_ino
 
     # complete: another run builds nothing

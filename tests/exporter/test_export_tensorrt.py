@@ -202,7 +202,7 @@ def test_tensorrt_export_fails_per_key_resumes_and_rebuilds_only_what_changed(tm
 def test_dry_run_exports_and_checks_the_graphs_of_its_shard_without_tensorrt(tmp_path, graph_export):
     groups = [name for name, _ in _groups(_profile())]
     res = export_profile(_profile(), tmp_path, dry_run=True, shard=(3, 4))        # one group: a HiFT graph
-    assert res.manifest.backend["version"] == ex.DRY_RUN_VERSION and res.built == 0
+    assert res.manifest.backend.version == ex.DRY_RUN_VERSION and res.built == 0
     assert {f.message.split(":")[0] for f in res.findings} == {groups[2]} == {"hift-F58-cached-float32"}
     graphs = sorted((tmp_path / "tensorrt" / "onnx").glob("*.onnx"))
     assert [p.name for p in graphs] == [f"{groups[2]}.onnx"]

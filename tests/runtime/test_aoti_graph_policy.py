@@ -89,12 +89,12 @@ def test_get_backend_passes_the_graph_option_to_backends_that_capture(monkeypatc
 
 def aoti_directory(tmp_path) -> Path:
     """An AOTI artifact directory with nothing built: enough for the cache to open its backend."""
-    from c2w.runtime.manifest import Manifest, write_manifest
+    from c2w.runtime.manifest import BackendRef, Manifest, ModelRef, ProfileRef, write_manifest
     from c2w.runtime.model.weights import load_model
     model = load_model("random:tiny")
     write_manifest(tmp_path, Manifest(
-        profile={"name": "t"}, model={"spec": "random:tiny", "digest": model.digest}, backend={"name": "aoti",
-        "version": f"torch-{torch.__version__}"}, torch_version=torch.__version__, device="cpu",
+        profile=ProfileRef(name="t", digest="", source=""), model=ModelRef("random:tiny", model.digest, "tiny"),
+        backend=BackendRef("aoti", f"torch-{torch.__version__}"), torch_version=torch.__version__, device="cpu",
         precision={"flow_encoder": "float32", "cfm": "float32", "hift": "float32", "tf32": False},
         budget_bytes=1 << 30, weight_bytes={}))
     return tmp_path

@@ -52,7 +52,7 @@ def test_cuda_engines_build_and_pass_parity(cuda_aoti):
     m = read_manifest(out)
     built = {e.id: e for e in m.entries if e.status == "built"}
     assert sorted(built) == sorted(k.id for k in KEYS), [(e.id, e.status, e.error) for e in m.entries]
-    assert all(e.parity["passed"] for e in built.values())
+    assert all(e.parity.passed for e in built.values())
 
 
 @pytest.mark.parametrize("component", ["flow_encoder", "cfm", "hift"])
