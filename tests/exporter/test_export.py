@@ -441,8 +441,8 @@ def test_a_float16_hift_key_exports_to_onnxruntime_verifies_and_serves(tmp_path,
     built = [e for e in m.entries if e.status == "built"]
     assert res.failed == 0 and [e.id for e in built] == ["hift-B1-F58-S3840-float16"]
     parity = built[0].parity
-    assert parity["passed"] and parity["tol"] == SPECS["hift"].tolerance(key)
-    assert 1e-3 < parity["rel_l2"]["speech"] < 5e-3 and parity["rel_l2"]["source"] < 1e-5, parity
+    assert parity.passed and parity.tol == SPECS["hift"].tolerance(key)
+    assert 1e-3 < parity.rel_l2["speech"] < 5e-3 and parity.rel_l2["source"] < 1e-5, parity
     assert m.precision["hift"] == "float16" and m.precision["tf32"] is False
 
     rt = runtime.load(tmp_path)
@@ -480,6 +480,6 @@ def test_verification_fails_an_engine_whose_outputs_have_another_dtype(tmp_path)
     entry = Entry(key.id, "hift", dict(zip(SPECS["hift"].dim_names, key.dims)), "float32", "extra", Status.PENDING,
                   artifact="x", input_names=["mel", "noise"], output_names=["speech", "source"])
     check_entry(model, backend, tmp_path, entry, torch.device("cpu"))
-    assert entry.status == Status.FAILED and entry.parity["rel_l2"]["speech"] == float("inf")
+    assert entry.status == Status.FAILED and entry.parity.rel_l2["speech"] == float("inf")
     assert "speech torch.float16 (1, 24000), expected torch.float32 (1, 24000)" in entry.error
-    assert entry.parity["rel_l2"]["source"] == 0.0
+    assert entry.parity.rel_l2["source"] == 0.0
