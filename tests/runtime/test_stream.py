@@ -9,7 +9,6 @@ into 7.6e-5 of the PCM at 2 PyTorch threads and 1.27e-4 at 1 thread: which round
 depends on the thread count's summation order, not on anything the driver does. With f0 pinned
 the phase is bit-identical and the same session differs by 1.7e-6 at either thread count.
 The f0 head itself is compared with the oracle's on identical mels in model/test_hift.py."""
-import types
 
 import numpy as np
 import pytest
@@ -18,16 +17,12 @@ import torch
 pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
 pytest.importorskip("flashcosyvoice")
 
-from cosyvoice2.flow.decoder_dit import DiT as OracleDiT
-from cosyvoice2.flow.flow import CausalMaskedDiffWithXvec
-from cosyvoice2.flow.flow_matching import CausalConditionalCFM
-from cosyvoice2.transformer.upsample_encoder_v2 import UpsampleConformerEncoderV2
-from flashcosyvoice.modules.hifigan import ConvRNNF0Predictor, HiFTGenerator
-
 from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.config import TINY
 from c2w.runtime.model.weights import init_random_, load_model
 from c2w.runtime.stream import StreamDriver
 from c2w.runtime.units import EagerRunner, rel_l2
+from tests.oracle import oracle_flow, oracle_hift, sine_noise
 
 pytestmark = pytest.mark.oracle
 
@@ -39,21 +34,10 @@ LAST = 13
 
 
 def oracle_models(ckpt, cfg):
-    e, d, h = cfg.encoder, cfg.dit, cfg.hift
-    enc = UpsampleConformerEncoderV2(input_size=e.width, output_size=e.width, pre_lookahead_len=e.pre_lookahead,
-                                     num_blocks=e.blocks, num_up_blocks=e.up_blocks, up_stride=2, up_scale_factor=2,
-                                     attention_heads=e.heads, linear_units=e.ffn, dropout_rate=0.0,
-                                     positional_dropout_rate=0.0)
-    # its forward_chunk is wrapped in torch.compile(backend="eager"): same maths, but dynamo
-    # re-traces it for every new chunk shape (~95 % of a session's time): call the plain function
-    enc.forward_chunk = types.MethodType(type(enc).forward_chunk.__wrapped__, enc)
-    dit = OracleDiT(in_channels=d.in_channels, out_channels=80, mlp_ratio=d.mlp_ratio, depth=d.depth,
-                    num_heads=d.heads, head_dim=d.head_dim, hidden_size=d.hidden)
-    flow = CausalMaskedDiffWithXvec(input_size=e.width, output_size=80, spk_embed_dim=192, vocab_size=cfg.vocab_size,
-                                    encoder=enc, decoder=CausalConditionalCFM(dit, inference_cfg_rate=cfg.cfg_rate))
+    """The reference flow (loading our flow.pt) and HiFT of `cfg`."""
+    flow = oracle_flow(cfg)
     flow.load_state_dict(torch.load(ckpt / "flow.pt"), strict=True)
-    hift = HiFTGenerator(base_channels=h.base_channels, f0_predictor=ConvRNNF0Predictor(cond_channels=h.f0_channels))
-    return flow.eval(), hift.eval()
+    return flow, oracle_hift(cfg.hift)
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +61,8 @@ def pair(tmp_path_factory):
 
 
 def hift_noise(seed, B, frames):
-    """The draws the oracle's SineGen2 makes after torch.manual_seed(seed): phase, then noise
-    (randn_like of a (B, 9, L) buffer seen transposed, so it fills in (B, 9, L) order)."""
-    torch.manual_seed(seed)
-    torch.rand(B, 9)
-    return torch.randn_like(torch.empty(B, 9, frames * 480).transpose(1, 2)).contiguous()
+    """The draws the reference SineGen2 makes after torch.manual_seed(seed) (tests/oracle.py)."""
+    return sine_noise(seed, B, TINY.hift, frames)
 
 
 def oracle_session(oflow, ohift, prompt, pmel, spk, chunks, trim_conformer):

@@ -7,13 +7,11 @@ import torch.nn.functional as F
 
 pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
 
-from cosyvoice2.flow.decoder_dit import DiT as OracleDiT
-from cosyvoice2.flow.flow_matching import CausalConditionalCFM
-
 from c2w.runtime.model.config import FULL, TINY
 from c2w.runtime.model.dit import SHIFTED_GEMM_ROWS, CausalConvBlock, DiT, CFMSolver, euler_schedule
 from c2w.runtime.model.weights import init_random_
 from c2w.runtime.units import rel_l2
+from tests.oracle import oracle_cfm, oracle_dit
 
 pytestmark = pytest.mark.oracle
 
@@ -26,10 +24,9 @@ def build(cfg, seed=0):
     spk_affine = torch.nn.Linear(cfg.spk_embed_dim, cfg.mel_bins)
     init_random_(ours, seed)
     init_random_(spk_affine, seed + 7)
-    oracle = OracleDiT(in_channels=d.in_channels, out_channels=cfg.mel_bins, mlp_ratio=d.mlp_ratio,
-                       depth=d.depth, num_heads=d.heads, head_dim=d.head_dim, hidden_size=d.hidden)
+    oracle = oracle_dit(d, cfg.mel_bins)
     oracle.load_state_dict(ours.state_dict(), strict=True)   # our keys are upstream's keys
-    cfm = CausalConditionalCFM(estimator=oracle, inference_cfg_rate=cfg.cfg_rate).eval()
+    cfm = oracle_cfm(oracle, cfg)
     return CFMSolver(ours.eval(), spk_affine.eval(), cfg), cfm, spk_affine
 
 

@@ -10,7 +10,9 @@ from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.config import FULL, TINY, EncoderConfig
 from c2w.runtime.model.encoder import MAX_POS, ConformerEncoder
 
-upstream = pytest.importorskip("cosyvoice2.transformer.upsample_encoder_v2")
+from tests.oracle import oracle_encoder
+
+pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
 
 pytestmark = pytest.mark.oracle
 
@@ -25,12 +27,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 def make_oracle(cfg: EncoderConfig, seed: int) -> torch.nn.Module:
     """Upstream encoder with every parameter redrawn (upstream init leaves LayerNorms at 1/0 and
     biases tiny, which would hide ordering/eps mistakes)."""
-    m = upstream.UpsampleConformerEncoderV2(
-        input_size=cfg.width, output_size=cfg.width, attention_heads=cfg.heads, linear_units=cfg.ffn,
-        num_blocks=cfg.blocks, num_up_blocks=cfg.up_blocks, up_stride=cfg.up_stride,
-        up_scale_factor=cfg.up_stride, pre_lookahead_len=cfg.pre_lookahead,
-        dropout_rate=0.0, positional_dropout_rate=0.0, attention_dropout_rate=0.0,
-    ).eval()
+    m = oracle_encoder(cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -45,10 +42,8 @@ def make_oracle(cfg: EncoderConfig, seed: int) -> torch.nn.Module:
 
 
 def oracle_step(oracle, xs, cnn, att, last):
-    # skip the torch.compile(backend="eager") wrapper: same maths, no dynamo tracing time
-    fn = type(oracle).forward_chunk.__wrapped__
     with torch.no_grad():
-        return fn(oracle, xs, last_chunk=last, cnn_cache=cnn, att_cache=att)
+        return oracle.forward_chunk(xs, last_chunk=last, cnn_cache=cnn, att_cache=att)
 
 
 def ours_for(oracle, cfg: EncoderConfig) -> ConformerEncoder:

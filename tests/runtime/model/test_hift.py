@@ -26,7 +26,9 @@ from c2w.runtime.model.config import FULL, TINY, HiftConfig
 from c2w.runtime.model.hift import (HiftVocoder, _prefix_sum_f32, _upsample_phase,
                                 hift_state_dict_from_checkpoint)
 
-hifigan = pytest.importorskip("flashcosyvoice.modules.hifigan")
+from tests.oracle import oracle_hift, sine_noise
+
+pytest.importorskip("flashcosyvoice")   # the step-audio2 oracle (README, command 2)
 
 pytestmark = pytest.mark.oracle
 
@@ -44,8 +46,7 @@ def _make_oracle(cfg: HiftConfig, seed: int, f0_bias: float = 150.0) -> torch.nn
 
     f0_bias ~150 Hz keeps every frame voiced; a small bias mixes voiced and unvoiced frames.
     """
-    m = hifigan.HiFTGenerator(base_channels=cfg.base_channels, nb_harmonics=cfg.nb_harmonics,
-                              f0_predictor=hifigan.ConvRNNF0Predictor(cond_channels=cfg.f0_channels))
+    m = oracle_hift(cfg)
     gen = torch.Generator().manual_seed(seed)
 
     def normal(shape, std):
@@ -86,13 +87,10 @@ def _legacy_spelling(sd: dict) -> dict:
 
 def _oracle_run(oracle, mel, cache, seed):
     """-> (speech, source, noise) with noise the (B, T, H) draw the oracle made."""
-    b, frames = mel.shape[0], mel.shape[2]
-    torch.manual_seed(seed)
-    torch.rand(b, H)                                                   # initial phases
-    noise = torch.randn_like(torch.empty(b, H, frames * HOP).transpose(1, 2))
+    noise = sine_noise(seed, mel.shape[0], TINY.hift, mel.shape[2])     # H and HOP are FULL's too
     torch.manual_seed(seed)
     speech, source = oracle(mel, cache)
-    return speech, source, noise.contiguous()
+    return speech, source, noise
 
 
 def _inputs(b, frames, cache_len, seed):
