@@ -134,6 +134,7 @@ def test_a_float16_hift_model_names_its_hift_keys_float16_and_nothing_else():
     """The driver asks the engine cache for HiFT keys of the policy's dtype, the one the manifest
     check compares, while the model's f0 predictor stays float32."""
     from c2w.runtime.cache import manifest_mismatch
+    from c2w.runtime.manifest import BackendRef, ModelRef
     from c2w.runtime.precision import load_at_precision
     from c2w.runtime.stream import StreamDriver
     m = load_at_precision("random:tiny", "cpu", {"hift": "float16"})
@@ -154,7 +155,8 @@ def test_a_float16_hift_model_names_its_hift_keys_float16_and_nothing_else():
     assert pcm.dtype == torch.float32 and pcm.shape == (1, 8 * 480 - m.cfg.hift_source_cache)
     assert {(k.component, k.dtype) for k in asked} == {("flow_encoder", "float32"), ("cfm", "float32"),
                                                         ("hift", "float16")}
-    manifest = type("M", (), {"model": {"digest": m.digest}, "backend": {}, "device": "cpu",
+    manifest = type("M", (), {"model": ModelRef(spec="random:tiny", digest=m.digest, config="tiny"),
+                              "backend": BackendRef(name="onnxruntime", version="x"), "device": "cpu",
                               "precision": {"flow_encoder": "float32", "cfm": "float32", "hift": "float32"}})
     assert manifest_mismatch(manifest, m, None, torch.device("cpu")) == \
         "hift precision float32 != loaded model's float16"
