@@ -1,5 +1,5 @@
 """The step-audio2 reference modules, built from our configs: one place for the tests that compare
-against them (model/test_encoder.py, model/test_cfm.py, model/test_hift.py, test_stream.py).
+against them (model/test_encoder.py, model/test_dit.py, model/test_hift.py, test_stream.py).
 
 step-audio2 is imported when a builder is called, so importing this module needs nothing; a test
 module that uses it skips itself first (`pytest.importorskip`) when step-audio2 is not installed.

@@ -20,7 +20,7 @@ artifacts, the cheapest to build on this machine (the other keys are `skipped_bu
   comparison of what was saved against eager; it says nothing about Inductor's kernels.
 - TensorRT: the two HiFT keys, one plan per graph variant each (the encoder's three keys share
   one plan). The SDK, the plan build and the plan's engine are the stand-ins of
-  test_export_tensorrt.py (the engine runs the plan's ONNX graph in ONNX Runtime at the key's
+  backends/test_tensorrt.py (the engine runs the plan's ONNX graph in ONNX Runtime at the key's
   profile). The graph export is a stand-in too (`tensorrt_graphs_from_command1`): instead of the
   dynamic-dim export (~30 s a graph here), the builder gets the static B=1 graph ONNX Runtime's
   builder made of the same unit (artifacts/cpu, from the README's command 1; exported here when
@@ -42,7 +42,7 @@ from c2w.runtime.manifest import file_problem, read_manifest
 from c2w.runtime.model.weights import load_model
 from tests.conftest import EXPORTED, seed_artifacts, small_profile
 from tests.exporter.test_export import _stop_after
-from tests.exporter.test_export_tensorrt import install_fake_tensorrt
+from tests.exporter.backends.test_tensorrt import install_fake_tensorrt
 
 ENC150, ENC200 = "flow_encoder-B1-N28-C150-last0-float32", "flow_encoder-B1-N28-C200-last0-float32"
 HIFT58, HIFT50 = "hift-B1-F58-S3840-float32", "hift-B1-F50-S0-float32"

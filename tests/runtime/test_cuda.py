@@ -1,8 +1,8 @@
 """On a CUDA GPU: AOTI engines built for the device, loaded with CUDA graphs, checked on many inputs.
 
 The rest of the suite runs on the CPU, where the graph policy is only bookkeeping
-(test_aoti_graph_policy.py) and the capture helper runs on a fake of torch.cuda's graph calls
-(test_graphs.py). These tests run the capture itself; without CUDA they are skipped.
+(engines/test_aoti.py) and the capture helper runs on a fake of torch.cuda's graph calls
+(engines/test_graphs.py). These tests run the capture itself; without CUDA they are skipped.
 Run them alone with `python -m pytest -q -m gpu tests` (docs/testing.md).
 """
 import dataclasses

@@ -11,7 +11,7 @@ the parity check. Nothing here says anything about what TensorRT computes.
 Each graph is exported for real once per module: when the loop asks for the same graph again
 (same variant, inputs and weights: a resume, the dry run), the files of the first export are
 copied, since a graph export takes ~20 s on 2 cores. The export itself is checked graph by graph
-in test_trt_graphs.py.
+in test_tensorrt_graphs.py.
 """
 import dataclasses
 import json
@@ -34,7 +34,7 @@ from c2w.runtime.engines.tensorrt import TensorRTBackend
 from c2w.runtime.manifest import read_manifest
 from c2w.runtime.model.weights import load_model
 from tests.conftest import EstimatedMemory, small_profile
-from tests.exporter.test_trt_graphs import assert_clean_variant_graph
+from tests.exporter.backends.test_tensorrt_graphs import assert_clean_variant_graph
 
 VERSION = "10.12.0"
 
@@ -206,6 +206,6 @@ def test_dry_run_exports_and_checks_the_graphs_of_its_shard_without_tensorrt(tmp
     assert {f.message.split(":")[0] for f in res.findings} == {groups[2]} == {"hift-F58-cached-float32"}
     graphs = sorted((tmp_path / "tensorrt" / "onnx").glob("*.onnx"))
     assert [p.name for p in graphs] == [f"{groups[2]}.onnx"]
-    # the steady-chunk HiFT graph (the variant test_trt_graphs.py leaves to this test) is clean
+    # the steady-chunk HiFT graph (the variant test_tensorrt_graphs.py leaves to this test) is clean
     assert_clean_variant_graph(graphs[0], res.findings, "hift")
     assert not (tmp_path / "manifest.json").exists()

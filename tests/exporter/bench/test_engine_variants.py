@@ -6,7 +6,7 @@ import torch
 
 from c2w.exporter.bench.engines import engine_variants, served_variant
 from c2w.runtime.engines import get_backend
-from tests.runtime.test_aoti_graph_policy import info_for
+from tests.runtime.engines.test_aoti import info_for
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 SMALL = info_for("cfm", (1, 50, 300), "float16")        # graph inputs well within GRAPH_MAX_BYTES

@@ -145,9 +145,9 @@ def test_a_pool_whose_graphs_are_all_gone_is_replaced(monkeypatch):
 def test_releasing_an_engine_retires_its_pool(monkeypatch):
     """The release path: AOTIEngine.release -> CapturedCall.release -> the pool counts the graph
     as gone, once, and the backend's next capture gets a fresh pool. (The capture runs on a fake
-    of torch.cuda's graph calls, tests/runtime/test_graphs.py; the real one needs a GPU.)"""
+    of torch.cuda's graph calls, tests/runtime/engines/test_graphs.py; the real one needs a GPU.)"""
     from c2w.runtime.engines.aoti import AOTIEngine, CapturedCall, EulerReplay
-    from tests.runtime.test_graphs import fake_cuda
+    from tests.runtime.engines.test_graphs import fake_cuda
     cuda = fake_cuda(monkeypatch)
     backend = AOTIBackend()
     pool = backend.pool(CUDA)

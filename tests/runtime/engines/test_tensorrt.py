@@ -49,7 +49,7 @@ def test_modules_import_without_tensorrt():
             "import c2w.runtime.engines.tensorrt, c2w.exporter.backends.tensorrt, c2w.exporter.backends.tensorrt_plan, "
             "c2w.exporter.trt_check; "
             "print(sys.modules['tensorrt'])")
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "None"
@@ -222,5 +222,5 @@ def test_the_version_floor_is_declared_once():
     assert rt.INSTALL_LINE == PIP and rt.FLOOR == "10.12"
     assert rt.check_trt_version(rt.FLOOR) == rt.MIN_VERSION
     assert trt_check.check_trt_version is rt.check_trt_version      # one decision for both sides
-    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text()
     assert f'"tensorrt>={rt.FLOOR}"' in pyproject

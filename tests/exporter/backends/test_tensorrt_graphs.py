@@ -5,7 +5,7 @@ One graph per graph variant (each is one TensorRT plan), at the dtypes of profil
 from one model with the full model's widths, fewer repeated layers (tests.conftest.fewer_layers)
 and 2 Euler steps instead of 10 (the steps repeat the same ops; their caches still stack over
 steps and feed the next step). The fifth variant, the HiFT's steady chunk (with a source
-cache), is exported and checked the same way by the dry run of test_export_tensorrt.py.
+cache), is exported and checked the same way by the dry run of backends/test_tensorrt.py.
 """
 import dataclasses
 import math
