@@ -1,5 +1,7 @@
 """Shared fixtures: one tiny ONNX Runtime artifact directory built by the real exporter."""
+import contextlib
 import dataclasses
+import fcntl
 import logging
 import os
 import shutil
@@ -97,23 +99,51 @@ def seed_artifacts(src: Path, dst: Path, ids: set[str]) -> int:
     return len(entries)
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on the file `path` (created if missing), held while the block runs."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run_shared_dir(tmp_path_factory) -> Path:
+    """A directory every process of this test run sees: the run's base temporary directory, or
+    with pytest-xdist the one above the workers' own (docs/testing.md)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def ort_artifacts(tmp_path_factory) -> Path:
     """small_profile() exported by the real exporter. Its keys already built by command 1 into
     artifacts/cpu are reused (export's resume) instead of built a second time: that build is
-    most of a CI run's test set-up. C2W_TEST_REBUILD=1 builds every key here instead."""
+    most of a CI run's test set-up. C2W_TEST_REBUILD=1 builds every key here instead.
+
+    Exported once per test run: the first worker process (pytest-xdist) to ask builds it under a
+    file lock in the directory the workers share, the others wait for it and use the same
+    directory. Tests only read it (a test that damages a directory takes `artifacts_copy`)."""
     from c2w.exporter.export import export_profile
     from c2w.exporter.plan import make_plan, precision_weights
     from c2w.runtime.model.weights import load_model
-    out = tmp_path_factory.mktemp("art") / "cpu"
-    p = small_profile()
-    if os.environ.get("C2W_TEST_REBUILD") != "1":
-        model = load_model(p.model)
-        planned = {e.key.id for e in make_plan(model.cfg, p, precision_weights(model, p)).selected}
-        seed_artifacts(EXPORTED, out, planned)
-    res = export_profile(p, out)
-    assert res.failed == 0, [e.error for e in res.manifest.entries if e.error]
-    assert res.built + res.reused == 8
+    shared = run_shared_dir(tmp_path_factory)
+    out, done = shared / "ort_artifacts" / "cpu", shared / "ort_artifacts" / "done"
+    with _locked(shared / "ort_artifacts.lock"):
+        if done.is_file():
+            return out
+        shutil.rmtree(out, ignore_errors=True)      # left by a worker whose export failed
+        p = small_profile()
+        if os.environ.get("C2W_TEST_REBUILD") != "1":
+            model = load_model(p.model)
+            planned = {e.key.id for e in make_plan(model.cfg, p, precision_weights(model, p)).selected}
+            seed_artifacts(EXPORTED, out, planned)
+        res = export_profile(p, out)
+        assert res.failed == 0, [e.error for e in res.manifest.entries if e.error]
+        assert res.built + res.reused == 8
+        done.touch()
     return out
 
 
