@@ -60,6 +60,24 @@ def fewer_layers(cfg):
                                  source_resblock_dilations=((1, 5),) * len(cfg.hift.upsample_rates)))
 
 
+def checkpoint_dir(cfg, directory: Path) -> str:
+    """A seeded random model of config `cfg` as a checkpoint directory (flow.pt, hift.pt,
+    c2w_config.json): a model spec the exporter and the runtime load like any. Returns it."""
+    import json
+
+    from c2w.runtime.model.flow import FlowModel
+    from c2w.runtime.model.hift import HiftVocoder
+    from c2w.runtime.model.weights import init_random_
+    flow, hift = FlowModel(cfg), HiftVocoder(cfg.hift)
+    init_random_(flow, 0)
+    init_random_(hift, 1)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(flow.state_dict(), directory / "flow.pt")
+    torch.save(hift.state_dict(), directory / "hift.pt")
+    (directory / "c2w_config.json").write_text(json.dumps(cfg.to_dict()))
+    return str(directory)
+
+
 def small_profile(**schedule):
     """profiles/cpu.yaml with one batch size and 3 chunks: 8 keys, minutes to build on 2 cores."""
     p = load_profile("cpu")

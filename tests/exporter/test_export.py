@@ -16,7 +16,7 @@ from c2w.exporter.verify import verify_directory
 from c2w.runtime.manifest import FORMAT_VERSION, read_manifest
 from c2w.runtime.model.weights import load_model
 from c2w.runtime.units import ShapeKey
-from tests.conftest import fewer_layers, small_profile
+from tests.conftest import checkpoint_dir, fewer_layers, small_profile
 
 runner = CliRunner()
 
@@ -106,18 +106,7 @@ def fewer_layers_checkpoint(directory) -> str:
     """random:tiny with fewer repeated layers (tests.conftest.fewer_layers) as a checkpoint
     directory (flow.pt, hift.pt, c2w_config.json): a model spec the exporter loads like any."""
     from c2w.runtime.model.config import TINY
-    from c2w.runtime.model.flow import FlowModel
-    from c2w.runtime.model.hift import HiftVocoder
-    from c2w.runtime.model.weights import init_random_
-    cfg = fewer_layers(TINY)
-    flow, hift = FlowModel(cfg), HiftVocoder(cfg.hift)
-    init_random_(flow, 0)
-    init_random_(hift, 1)
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.save(flow.state_dict(), directory / "flow.pt")
-    torch.save(hift.state_dict(), directory / "hift.pt")
-    (directory / "c2w_config.json").write_text(json.dumps(cfg.to_dict()))
-    return str(directory)
+    return checkpoint_dir(fewer_layers(TINY), directory)
 
 
 @pytest.mark.slow
