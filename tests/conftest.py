@@ -205,6 +205,17 @@ def measured_as_estimated(monkeypatch):
 
 
 @pytest.fixture
+def recorded_measurement(monkeypatch):
+    """`c2w verify` / verify_budget without the fresh process that measures the directory again:
+    the directory measures what its manifest records (`Manifest.measured`, the export's own
+    measurement of the same keys). For tests of the other checks; verify's measurement is
+    tested in tests/exporter/test_budget.py and, of an intact directory, in test_merge.py."""
+    import c2w.exporter.verify
+    monkeypatch.setattr(c2w.exporter.verify, "measure_directory",
+                        lambda out_dir, manifest, device: dict(manifest.measured))
+
+
+@pytest.fixture
 def recorded_parity(monkeypatch) -> list[str]:
     """`c2w verify` / verify_directory without their parity re-runs: every entry keeps the parity
     its manifest records, so the file checks (size, sha256) alone decide the outcome. For tests
