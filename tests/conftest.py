@@ -1,10 +1,13 @@
 """Shared fixtures: one tiny ONNX Runtime artifact directory built by the real exporter."""
+import contextlib
 import dataclasses
+import fcntl
 import logging
 import os
 import shutil
 from pathlib import Path
 
+import onnxruntime
 import pytest
 import torch
 
@@ -23,6 +26,22 @@ THREADS = int(os.environ.get("C2W_TEST_THREADS", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 torch.set_num_threads(THREADS)
 
+
+class _SessionOptions(onnxruntime.SessionOptions):
+    """ONNX Runtime's session options with THREADS intra-op threads. Left alone, every session
+    starts one spinning thread per core (ONNX Runtime reads neither torch's setting nor
+    OMP_NUM_THREADS); with one test worker per core that oversubscribes the cores. Measured on
+    this 2-core machine, two processes each serving the same tiny ONNX Runtime session at once:
+    38 s each with the default, 18 s with one thread. This reaches the sessions of the test
+    processes only, not those of the processes they start (the memory measurement, the CLI)."""
+
+    def __init__(self):
+        super().__init__()
+        self.intra_op_num_threads = THREADS
+
+
+onnxruntime.SessionOptions = _SessionOptions
+
 ROOT = Path(__file__).resolve().parent.parent
 # What the README's command 1 (`c2w export --profile profiles/cpu.yaml`) writes: its B=1 keys are
 # the keys of small_profile(), so the session's directory starts from them (see seed_artifacts).
@@ -39,6 +58,24 @@ def fewer_layers(cfg):
         cfg, encoder=dataclasses.replace(cfg.encoder, blocks=1, up_blocks=1), dit=dataclasses.replace(cfg.dit, depth=2),
         hift=dataclasses.replace(cfg.hift, resblock_kernels=(3, 11), resblock_dilations=((1, 5), (1, 5)),
                                  source_resblock_dilations=((1, 5),) * len(cfg.hift.upsample_rates)))
+
+
+def checkpoint_dir(cfg, directory: Path) -> str:
+    """A seeded random model of config `cfg` as a checkpoint directory (flow.pt, hift.pt,
+    c2w_config.json): a model spec the exporter and the runtime load like any. Returns it."""
+    import json
+
+    from c2w.runtime.model.flow import FlowModel
+    from c2w.runtime.model.hift import HiftVocoder
+    from c2w.runtime.model.weights import init_random_
+    flow, hift = FlowModel(cfg), HiftVocoder(cfg.hift)
+    init_random_(flow, 0)
+    init_random_(hift, 1)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(flow.state_dict(), directory / "flow.pt")
+    torch.save(hift.state_dict(), directory / "hift.pt")
+    (directory / "c2w_config.json").write_text(json.dumps(cfg.to_dict()))
+    return str(directory)
 
 
 def small_profile(**schedule):
@@ -80,23 +117,51 @@ def seed_artifacts(src: Path, dst: Path, ids: set[str]) -> int:
     return len(entries)
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on the file `path` (created if missing), held while the block runs."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run_shared_dir(tmp_path_factory) -> Path:
+    """A directory every process of this test run sees: the run's base temporary directory, or
+    with pytest-xdist the one above the workers' own (docs/testing.md)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def ort_artifacts(tmp_path_factory) -> Path:
     """small_profile() exported by the real exporter. Its keys already built by command 1 into
     artifacts/cpu are reused (export's resume) instead of built a second time: that build is
-    most of a CI run's test set-up. C2W_TEST_REBUILD=1 builds every key here instead."""
+    most of a CI run's test set-up. C2W_TEST_REBUILD=1 builds every key here instead.
+
+    Exported once per test run: the first worker process (pytest-xdist) to ask builds it under a
+    file lock in the directory the workers share, the others wait for it and use the same
+    directory. Tests only read it (a test that damages a directory takes `artifacts_copy`)."""
     from c2w.exporter.export import export_profile
     from c2w.exporter.plan import make_plan, precision_weights
     from c2w.runtime.model.weights import load_model
-    out = tmp_path_factory.mktemp("art") / "cpu"
-    p = small_profile()
-    if os.environ.get("C2W_TEST_REBUILD") != "1":
-        model = load_model(p.model)
-        planned = {e.key.id for e in make_plan(model.cfg, p, precision_weights(model, p)).selected}
-        seed_artifacts(EXPORTED, out, planned)
-    res = export_profile(p, out)
-    assert res.failed == 0, [e.error for e in res.manifest.entries if e.error]
-    assert res.built + res.reused == 8
+    shared = run_shared_dir(tmp_path_factory)
+    out, done = shared / "ort_artifacts" / "cpu", shared / "ort_artifacts" / "done"
+    with _locked(shared / "ort_artifacts.lock"):
+        if done.is_file():
+            return out
+        shutil.rmtree(out, ignore_errors=True)      # left by a worker whose export failed
+        p = small_profile()
+        if os.environ.get("C2W_TEST_REBUILD") != "1":
+            model = load_model(p.model)
+            planned = {e.key.id for e in make_plan(model.cfg, p, precision_weights(model, p)).selected}
+            seed_artifacts(EXPORTED, out, planned)
+        res = export_profile(p, out)
+        assert res.failed == 0, [e.error for e in res.manifest.entries if e.error]
+        assert res.built + res.reused == 8
+        done.touch()
     return out
 
 
@@ -137,6 +202,17 @@ class EstimatedMemory:
 def measured_as_estimated(monkeypatch):
     import c2w.runtime.memory
     monkeypatch.setattr(c2w.runtime.memory, "MeasureProcess", EstimatedMemory)
+
+
+@pytest.fixture
+def recorded_measurement(monkeypatch):
+    """`c2w verify` / verify_budget without the fresh process that measures the directory again:
+    the directory measures what its manifest records (`Manifest.measured`, the export's own
+    measurement of the same keys). For tests of the other checks; verify's measurement is
+    tested in tests/exporter/test_budget.py and, of an intact directory, in test_merge.py."""
+    import c2w.exporter.verify
+    monkeypatch.setattr(c2w.exporter.verify, "measure_directory",
+                        lambda out_dir, manifest, device: dict(manifest.measured))
 
 
 @pytest.fixture

@@ -1,10 +1,14 @@
-"""The stream server on tiny ONNX Runtime artifacts (B=1 keys plus B=3 steady keys): streams at
+"""The stream server on ONNX Runtime artifacts (B=1 keys plus B=3 steady keys): streams at
 different positions share exact-shape batches and get the audio they would get alone; faults,
-cancellation and a full server stay per stream; threads and asyncio are both served."""
+cancellation and a full server stay per stream; threads and asyncio are both served.
+
+The model is smaller than random:tiny (SERVE_CFG: fewer repeated layers, 2 Euler steps instead of
+10) with random:tiny's widths, so every unit keeps its inputs, outputs and cache shapes (the CFM's
+caches still stack over Euler steps) and the server, which never looks inside a unit, batches,
+pads, gathers and scatters exactly the same tensors; a chunk costs about a quarter of random:tiny's."""
 import asyncio
 import dataclasses
 import importlib.util
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,10 +23,11 @@ import torch
 
 from c2w import runtime
 from c2w.runtime.errors import C2WUserError
+from c2w.runtime.model.config import TINY
 from c2w.runtime.serving import plan_batches
 from c2w.runtime.slots import ServerFullError
 from c2w.runtime.units import EagerRunner, ShapeKey, rel_l2
-from tests.conftest import small_profile
+from tests.conftest import EstimatedMemory, checkpoint_dir, fewer_layers, small_profile
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +41,26 @@ STEADY_B3 = [ShapeKey("flow_encoder", (3, 28, 200, 0), "float32"), ShapeKey("cfm
 SETUP_B1 = [ShapeKey("flow_encoder", (1, 53, 0, 0), "float32"), ShapeKey("cfm", (1, 100, 0), "float32")]
 
 
+SERVE_CFG = dataclasses.replace(fewer_layers(TINY), n_timesteps=2)
+
+
 @pytest.fixture(scope="module")
-def serve_dir(ort_artifacts, tmp_path_factory):
-    """The session's B=1 artifacts (reused by the resumable export) plus the B=1 prompt set-up
-    keys and B=3 steady keys."""
+def serve_dir(tmp_path_factory):
+    """small_profile()'s B=1 keys plus the B=1 prompt set-up keys and B=3 steady keys, of a
+    SERVE_CFG model, built and verified by the real exporter. What the engines hold is not
+    measured (each key counts its estimate: tests.conftest.EstimatedMemory); the budget's
+    measurement is tested in tests/exporter/test_budget.py."""
+    import c2w.runtime.memory
     from c2w.exporter.export import export_profile
-    out = tmp_path_factory.mktemp("serve") / "cpu"
-    shutil.copytree(ort_artifacts, out)
-    res = export_profile(dataclasses.replace(small_profile(setup_keys=True), extra_keys=tuple(STEADY_B3)), out)
-    assert res.failed == 0 and res.built == 3 + len(SETUP_B1), [e.error for e in res.manifest.entries if e.error]
-    return out
+    root = tmp_path_factory.mktemp("serve")
+    p = dataclasses.replace(small_profile(setup_keys=True), extra_keys=tuple(STEADY_B3),
+                            model=checkpoint_dir(SERVE_CFG, root / "model"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(c2w.runtime.memory, "MeasureProcess", EstimatedMemory)
+        res = export_profile(p, root / "cpu")
+    assert res.failed == 0 and res.built == 8 + len(STEADY_B3) + len(SETUP_B1), \
+        [e.error for e in res.manifest.entries if e.error]
+    return root / "cpu"
 
 
 @pytest.fixture(scope="module")
