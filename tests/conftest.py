@@ -7,7 +7,6 @@ import os
 import shutil
 from pathlib import Path
 
-import onnxruntime
 import pytest
 import torch
 
@@ -24,23 +23,7 @@ logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 # C2W_TEST_THREADS=N sets another count.
 THREADS = int(os.environ.get("C2W_TEST_THREADS", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
-torch.set_num_threads(THREADS)
-
-
-class _SessionOptions(onnxruntime.SessionOptions):
-    """ONNX Runtime's session options with THREADS intra-op threads. Left alone, every session
-    starts one spinning thread per core (ONNX Runtime reads neither torch's setting nor
-    OMP_NUM_THREADS); with one test worker per core that oversubscribes the cores. Measured on
-    this 2-core machine, two processes each serving the same tiny ONNX Runtime session at once:
-    38 s each with the default, 18 s with one thread. This reaches the sessions of the test
-    processes only, not those of the processes they start (the memory measurement, the CLI)."""
-
-    def __init__(self):
-        super().__init__()
-        self.intra_op_num_threads = THREADS
-
-
-onnxruntime.SessionOptions = _SessionOptions
+torch.set_num_threads(THREADS)   # ONNX Runtime's CPU sessions follow it (runtime/engines/onnxruntime.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the README's command 1 (`c2w export --profile profiles/cpu.yaml`) writes: its B=1 keys are

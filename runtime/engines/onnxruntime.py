@@ -87,6 +87,11 @@ class OnnxRuntimeBackend(Backend):
         model = onnx.load(str(info.path), load_external_data=False)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if device.type == "cpu":
+            # ONNX Runtime reads neither torch's thread setting nor OMP_NUM_THREADS: left alone,
+            # each session spins one thread per core, and a process that keeps torch to fewer
+            # (serving lanes, test workers) oversubscribes its cores. Follow torch's setting.
+            opts.intra_op_num_threads = torch.get_num_threads()
         keep = []
         for init in model.graph.initializer:
             if init.data_location == onnx.TensorProto.EXTERNAL:
