@@ -195,7 +195,7 @@ def recorded_measurement(monkeypatch):
     tested in tests/exporter/test_budget.py and, of an intact directory, in test_merge.py."""
     import c2w.exporter.verify
     monkeypatch.setattr(c2w.exporter.verify, "measure_directory",
-                        lambda out_dir, manifest, device: dict(manifest.measured))
+                        lambda out_dir, manifest, device: manifest.measured.to_dict())
 
 
 @pytest.fixture
