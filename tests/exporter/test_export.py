@@ -430,7 +430,10 @@ def test_a_float16_hift_key_exports_to_onnxruntime_verifies_and_serves(tmp_path,
     its estimate alone select it): it passes verification at the float16 tolerance, the
     directory's manifest records the policy, and the runtime loads the model at it and hits the
     engine. ONNX Runtime's CPU provider runs the float16 convolutions in float32 on the float16
-    weights (no float16 Conv kernel on x86): 2.9-3.0e-3 from eager float16, inside the bound."""
+    weights (no float16 Conv kernel on x86): 2.9-3.0e-3 from eager float16, inside the bound. The
+    source stays float32 under the policy: it differs from eager only by float32 summation order,
+    which the NSF phase (a running sum over the chunk's samples) carries along: 1.9e-5 on one CI
+    machine, below 1e-5 on another; a float16 source would be ~1e-3."""
     from c2w import runtime
     from c2w.runtime.units import SPECS
     key = ShapeKey("hift", (1, 58, 3840), "float16")
@@ -445,7 +448,7 @@ def test_a_float16_hift_key_exports_to_onnxruntime_verifies_and_serves(tmp_path,
     assert res.failed == 0 and [e.id for e in built] == ["hift-B1-F58-S3840-float16"]
     parity = built[0].parity
     assert parity.passed and parity.tol == SPECS["hift"].tolerance(key)
-    assert 1e-3 < parity.rel_l2["speech"] < 5e-3 and parity.rel_l2["source"] < 1e-5, parity
+    assert 1e-3 < parity.rel_l2["speech"] < 5e-3 and parity.rel_l2["source"] < 1e-4, parity
     assert m.precision["hift"] == "float16" and m.precision["tf32"] is False
 
     rt = runtime.load(tmp_path)
