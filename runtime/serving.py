@@ -16,16 +16,21 @@ stream never holds up the others; a prompt set up before (a voice) is copied, no
 Stream state lives in a preallocated `SlotPool` (runtime/slots.py) between chunks.
 
 Policies: groups are taken earliest deadline first. A stream's deadline is when its listener
-runs out of audio: for its set-up and first chunk, the moment they were asked for (nothing plays
-yet, so time to first audio is all that counts); for a later chunk, the moment its first audio was
-delivered plus the seconds of audio delivered since (playback assumed to start on delivery). A
-stream far ahead of its listener thus lets a new stream's first chunk pass, and none starves: a
-deadline is fixed once set, and every later request gets a later one. A group runs at once when it
+runs out of audio: for its set-up and first chunk, the moment the stream was opened (nothing plays
+yet, and time to first audio counts from there: a stream's first chunk goes before the set-up of a
+stream opened after it, so that arrivals faster than the GPU sets them up do not hold every first
+chunk back until the last set-up); for a later chunk, the moment its first audio was delivered
+plus the seconds of audio delivered since (playback assumed to start on delivery). A stream far
+ahead of its listener thus lets a new stream's first chunk pass, and none starves: a deadline is
+fixed once set, and every later request gets a later one. A group runs at once when it
 fills the largest batch the artifact directory has an engine for; a partial group waits only for
 streams that could join it: idle streams at the same position whose last result came within a
 merge window (in lockstep serving they are about to submit again; the window is `max_wait_ms` or
 a quarter of the call about to run, whichever is longer), or any idle stream at the same position
-while its oldest chunk is younger than `max_wait_ms`. A lone stream never waits. A
+while its oldest chunk is younger than `max_wait_ms`. A lone stream never waits. A group also
+waits, at most `max_wait_ms`, for a stream with an earlier deadline that has just been served
+and has not asked again yet (a client about to submit: a new stream's first chunk right after
+its set-up, above all), rather than start a call that stream would queue behind. A
 group is cut into engine calls by `plan_batches` (pad to a built batch size with inert rows, or
 split). A stream's output does not depend on its batch beyond rounding: rows are independent,
 and each stream draws its HiFT noise from its own generator. A batch that raises is retried
@@ -133,6 +138,7 @@ class _Stream:
     closed: bool = False
     error: BaseException | None = None
     idle_since: float = 0.0                      # when its last result was delivered
+    opened: float = field(default_factory=time.monotonic)   # when open_stream was called
     playback_start: float | None = None          # when its first audio was delivered
     audio_s: float = 0.0                         # seconds of audio delivered
     resident: _Resident | None = None            # its state is a row there, not in its slot
@@ -143,9 +149,9 @@ class _Stream:
 
     def deadline(self) -> float:
         """When the listener of this stream runs out of audio, if its next request waits (the
-        module docstring); its queue must not be empty."""
+        module docstring): before its first audio, the moment the stream was opened."""
         if self.playback_start is None:
-            return self.queue[0].t_submit
+            return self.opened
         return self.playback_start + self.audio_s
 
 
@@ -264,7 +270,7 @@ class StreamServer:
                 src, s.lengths = self._voices[voice]
                 self.pool.copy(src, s.slot)
                 self._settle()
-                s.ready = True
+                s.ready, s.idle_since = True, time.monotonic()     # its first chunk is about to come
                 self._counts["voice_hits"] += 1
             else:
                 s.queue.append(_Request("setup", fut, tokens, prompt_mel=mel, spk=spk, voice=voice))
@@ -431,6 +437,12 @@ class StreamServer:
                                           if k.component == "cfm" and (k.dim("T"), k.dim("L")) == (T, L)})
         return self._built[(T, L)]
 
+    @staticmethod
+    def _idle(s: _Stream) -> bool:
+        """Set up, between chunks, and able to ask for another (under the lock)."""
+        return (s.ready and not s.busy and not s.queue and not s.last_submitted and not s.closed
+                and s.error is None)
+
     def _wait_for_company(self, sig: tuple, rows: list, target: int, now: float) -> float:
         """Seconds worth waiting before running a partial group: for the idle streams at the same
         position that got their last result recently (they are about to submit again) until the
@@ -440,8 +452,7 @@ class StreamServer:
         members = {id(s) for s, _ in rows}
         state = sig[3:]
         idle = [s for s in self._streams.values()
-                if id(s) not in members and not s.busy and not s.queue and s.ready and not s.last_submitted
-                and not s.closed and s.error is None and s.state_signature() == state]
+                if id(s) not in members and self._idle(s) and s.state_signature() == state]
         if not idle:
             return 0.0
         window = max(self.max_wait, MERGE_FRACTION * self._seconds.get((sig, target), 0.0))
@@ -463,9 +474,19 @@ class StreamServer:
                 continue
             r = s.queue[0]
             groups.setdefault(self._signature(s, r), []).append((s, r))
+        # Streams that got a result less than max_wait ago and have not asked again yet: a client
+        # about to submit its next chunk (a new stream's first chunk right after its set-up, above
+        # all). A chunk-lane group with a later deadline waits for them rather than start a call
+        # they would queue behind.
+        about_to_ask = [s for s in self._streams.values()
+                        if lane == "chunk" and self._idle(s) and now - s.idle_since < self.max_wait]
         timeout = None
         for sig, rows in sorted(groups.items(), key=lambda kv: min((s.deadline(), r.t_submit) for s, r in kv[1])):
             rows.sort(key=lambda sr: sr[1].t_submit)
+            due = min(s.deadline() for s, _ in rows)
+            sooner = [s.idle_since + self.max_wait - now for s in about_to_ask if s.deadline() < due]
+            if sooner:
+                return None, min(sooner) if timeout is None else min(timeout, *sooner)
             built = self._built_sizes(*rows[0])
             if rows[0][1].kind == "setup":     # set-ups never wait: a new stream's first audio does
                 return rows[:max(built, default=self.max_batch)], built
