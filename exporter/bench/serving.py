@@ -5,8 +5,11 @@ whole session (prompt, a 28-token first chunk, `steady_chunks` chunks of `chunk_
 chunk): the first chunk is submitted once the prompt is set up, each next one as soon as the
 previous one's PCM is back (closed loop: the GPU is never idle) or, with `token_rate`, not before
 the LLM would have produced its tokens (paced: after the first chunk, `token_rate` tokens per
-second per stream; 25 is real time). Time to first audio counts from `open_stream`. Reports
-time to first audio, chunk latencies, aggregate and steady-phase audio-s/s, the batch sizes the
+second per stream; a chunk after the first brings N - 3 new tokens, its first 3 being the
+previous chunk's lookahead, so 25 is real time). Time to first audio counts from `open_stream`.
+Reports time to first audio, chunk latencies, listener stalls (a listener who starts playing at
+the first chunk's arrival and plays each chunk as it comes waits whenever a chunk arrives after
+the audio before it has played out), aggregate and steady-phase audio-s/s, the batch sizes the
 server ran, the engine hit rate and the slot pool's memory; checks that every stream got each of
 its chunks once, with the right length, and that sampled streams equal their solo runs.
 
@@ -27,6 +30,7 @@ from c2w.runtime.units import rel_l2
 
 FIRST_TOKENS = 28
 TAIL_TOKENS = 13
+LOOKAHEAD = 3                    # a non-final chunk's last tokens, which the next chunk starts with
 SAMPLES_PER_TOKEN = 960          # 2 mel frames x 480 samples
 SAMPLE_RATE = 24000
 
@@ -94,7 +98,7 @@ def _client(server, ins, arrive_at: float, t_start: float, log: dict, token_rate
     t_first, new_tokens = time.perf_counter(), 0
     for j, (tok, last) in enumerate(ins[3]):
         if token_rate and j:                    # paced: its tokens exist only from then on
-            new_tokens += int(tok.shape[0])
+            new_tokens += int(tok.shape[0]) - LOOKAHEAD
             time.sleep(max(0.0, t_first + new_tokens / token_rate - time.perf_counter()))
         t0 = time.perf_counter()
         pcm = server.submit(h, tok, last=last).result()
@@ -137,6 +141,7 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
     chunk_audio = cfg.up_rate * (chunk_tokens - cfg.encoder.pre_lookahead) / 50
     lost = dup = wrong_len = 0
     steady, first, audio = [], [], 0.0
+    stalls = [listener_stalls(log["chunks"]) for log in logs]
     for x, log in zip(ins, logs):
         got = [c["i"] for c in log["chunks"]]
         lost += len(x[3]) - len(set(got))
@@ -166,6 +171,8 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
            "wrong_length": wrong_len, "ttfa_ms": _summary([log["ttfa_ms"] for log in logs]),
            "setup_ms": _summary([log["setup_ms"] for log in logs]),
            "first_chunk_ms": _summary(first), "steady_chunk_ms": _summary(steady),
+           "stalled_chunks": sum(n for n, _ in stalls), "stall_ms": sum(ms for _, ms in stalls),
+           "stalled_streams": sum(1 for n, _ in stalls if n),
            "audio_s_per_s": audio / wall, "wall_s": wall,
            "steady_audio_s_per_s": (len(in_window) * chunk_audio / (b - a)) if b > a and in_window else None,
            "rtf": (_pct(steady, 0.5) / 1e3 / chunk_audio) if steady else None,
@@ -176,6 +183,24 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
               for k in ("voice_hits", "in_place_calls", "flushed_rows", "overlapped_batches")}}
     row["solo_check"] = solo_check(rt, ins[:check_streams], [log["pcm"] for log in logs[:check_streams]])
     return row
+
+
+def listener_stalls(chunks: list[dict]) -> tuple[int, float]:
+    """(chunks that came late, ms the listener waited) for one stream's log: playback starts when
+    the first chunk arrives and plays each chunk as soon as it has both arrived and the audio
+    before it has played out."""
+    chunks = sorted(chunks, key=lambda c: c["i"])
+    late, waited, play_end = 0, 0.0, None
+    for c in chunks:
+        seconds = c["samples"] / SAMPLE_RATE
+        if play_end is None:
+            play_end = c["t_done"] + seconds
+        elif c["t_done"] > play_end:
+            late, waited = late + 1, waited + (c["t_done"] - play_end) * 1e3
+            play_end = c["t_done"] + seconds
+        else:
+            play_end += seconds
+    return late, waited
 
 
 def solo_check(rt, ins, served) -> dict:
@@ -269,15 +294,18 @@ def to_markdown(res: dict) -> str:
     for b, c in res.get("pool_copy_ms", {}).items():
         lines.append(f"Slot pool at {b}, steady cache lengths: gather {c['gather']:.2f} ms + scatter {c['scatter']:.2f} ms "
                      f"for {c['state_bytes'] / 2**20:.0f} MiB of stream state.")
-    lines += ["", "| N | TTFA p50/p95/p99 ms | set-up p95 ms | first chunk p95 ms | steady p50/p95 ms | audio-s/s | steady audio-s/s "
+    lines += ["", "| N | TTFA p50/p95/p99 ms | set-up p95 ms | first chunk p95 ms | steady p50/p95 ms "
+              "| listener stalls (streams / chunks / ms) | audio-s/s | steady audio-s/s "
               "| RTF | engine hits | voice hits | batches | pool MiB | lost/dup/wrong | solo rel-L2 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in res["levels"]:
         t, s = r["ttfa_ms"], r["steady_chunk_ms"]
         lines.append(f"| {r['N']} | {f(t['p50'])}/{f(t['p95'])}/{f(t['p99'])} | {f(r['setup_ms']['p95'])} "
                      f"| {f(r['first_chunk_ms']['p95'])} "
-                     f"| {f(s['p50'])}/{f(s['p95'])} | {f(r['audio_s_per_s'])} | {f(r['steady_audio_s_per_s'])} "
+                     f"| {f(s['p50'])}/{f(s['p95'])} "
+                     f"| {r.get('stalled_streams', '-')} / {r.get('stalled_chunks', '-')} / {f(r.get('stall_ms'), 0)} "
+                     f"| {f(r['audio_s_per_s'])} | {f(r['steady_audio_s_per_s'])} "
                      f"| {f(r['rtf'], 3)} | {r['engine_hit_rate']:.2f} | {r.get('voice_hits', 0)} | "
                      + ", ".join(f"{k}: {v}" for k, v in r["batches"].items())
                      + (f" ({r['overlapped_batches']} overlapped)" if r.get("overlapped_batches") else "")

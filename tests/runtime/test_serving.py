@@ -482,6 +482,75 @@ def test_a_new_streams_first_chunk_goes_before_chunks_of_streams_ahead_of_their_
     assert srv.stats()["chunks"] == 4
 
 
+def test_a_streams_first_chunk_goes_before_the_set_up_of_a_stream_opened_after_it(rt, monkeypatch):
+    """Time to first audio counts from open_stream, so a stream's set-up and first chunk share the
+    deadline of its opening: A's first chunk runs before the set-up of B, opened after A, even
+    though B's set-up was queued before A's chunk. (Were the chunk's deadline its own submission,
+    arrivals faster than the set-ups would hold every first chunk back until the last set-up.)"""
+    cfg = rt.model.cfg
+    a, b = make_stream(cfg, 910, 1), make_stream(cfg, 911, 1)
+    setup, step, entered, gate, order = rt.driver.setup, rt.driver.step, threading.Event(), threading.Event(), []
+
+    def gated_setup(tokens, mel, spk):
+        if not gate.is_set():
+            entered.set()
+            gate.wait(60)
+        order.append("setup " + next(n for n, st in (("a", a), ("b", b)) if torch.equal(tokens[0], st[0])))
+        return setup(tokens, mel, spk)
+
+    def recorded_step(state, tokens, last=False):
+        order.append("chunk " + next(n for n, st in (("a", a), ("b", b)) if torch.equal(tokens[0], st[3][0][0])))
+        return step(state, tokens, last=last)
+
+    monkeypatch.setattr(rt.driver, "setup", gated_setup)
+    monkeypatch.setattr(rt.driver, "step", recorded_step)
+    with rt.serve(max_streams=2, max_wait_ms=0, voice_cache=0) as srv:
+        ha = srv.open_stream(*a[:3])                    # A's set-up holds the lane at the gate
+        assert entered.wait(60)
+        hb = srv.open_stream(*b[:3])                    # B's set-up is queued ...
+        a_first = srv.submit(ha, a[3][0][0])            # ... before A's first chunk
+        b_first = srv.submit(hb, b[3][0][0])
+        gate.set()
+        for f in (a_first, b_first):
+            f.result(timeout=60)
+    assert order == ["setup a", "chunk a", "setup b", "chunk b"], order
+
+
+def test_a_stream_just_set_up_gets_its_first_chunk_in_before_the_next_set_up(rt, monkeypatch):
+    """A's client submits its first chunk only once A is set up, while B's set-up is already
+    queued. The lane holds B's set-up (a later deadline) for up to max_wait for A, which was just
+    served and is about to ask, instead of starting it the moment A's set-up returns."""
+    cfg = rt.model.cfg
+    a, b = make_stream(cfg, 920, 1), make_stream(cfg, 921, 1)
+    setup, step, entered, gate, order = rt.driver.setup, rt.driver.step, threading.Event(), threading.Event(), []
+
+    def gated_setup(tokens, mel, spk):
+        if not gate.is_set():
+            entered.set()
+            gate.wait(60)
+        order.append("setup " + next(n for n, st in (("a", a), ("b", b)) if torch.equal(tokens[0], st[0])))
+        return setup(tokens, mel, spk)
+
+    def recorded_step(state, tokens, last=False):
+        order.append("chunk " + next(n for n, st in (("a", a), ("b", b)) if torch.equal(tokens[0], st[3][0][0])))
+        return step(state, tokens, last=last)
+
+    monkeypatch.setattr(rt.driver, "setup", gated_setup)
+    monkeypatch.setattr(rt.driver, "step", recorded_step)
+    with rt.serve(max_streams=2, max_wait_ms=5_000, voice_cache=0) as srv:
+        ha = srv.open_stream(*a[:3])
+        assert entered.wait(60)
+        hb = srv.open_stream(*b[:3])                    # queued behind A's set-up
+        gate.set()
+        ha.ready.result(timeout=60)
+        a_first = srv.submit(ha, a[3][0][0])            # A asks right after its set-up
+        hb.ready.result(timeout=60)
+        b_first = srv.submit(hb, b[3][0][0])
+        for f in (a_first, b_first):
+            f.result(timeout=60)
+    assert order == ["setup a", "chunk a", "setup b", "chunk b"], order
+
+
 @pytest.mark.parametrize("n, built, want", [
     (1, [1, 3], [(1, 1)]),
     (2, [1, 3], [(3, 2)]),                  # pad one inert row rather than two calls
@@ -581,7 +650,9 @@ def test_serving_benchmark_counts_every_chunk_and_paces_clients(serve_dir):
 
 def test_paced_client_submits_no_chunk_before_its_tokens_exist():
     """A paced client (token_rate r) submits chunk j >= 1 no earlier than r tokens per second
-    after its first chunk allows; the first chunk goes as soon as the prompt is ready."""
+    after its first chunk allows, counting the tokens each chunk adds (its length less the 3
+    lookahead tokens the chunk before it already carried); the first chunk goes as soon as the
+    prompt is ready."""
     from concurrent.futures import Future
     from c2w.exporter.bench.serving import _client
 
@@ -605,6 +676,18 @@ def test_paced_client_submits_no_chunk_before_its_tokens_exist():
     ins = (None, None, None, [(torch.zeros(n, dtype=torch.long), i == 3) for i, n in enumerate(sizes)])
     srv, log = Server(), {"chunks": [], "pcm": []}
     _client(srv, ins, 0.0, time.perf_counter(), log, token_rate=rate)
+    new = [n - 3 for n in sizes]
     for j in range(1, len(sizes)):
-        assert srv.t[j] - srv.t[0] >= sum(sizes[1:j + 1]) / rate - 1e-3, j
-    assert srv.t[1] - srv.t[0] < sizes[1] / rate + 0.05         # and not much later (loose: a loaded CPU)
+        assert srv.t[j] - srv.t[0] >= sum(new[1:j + 1]) / rate - 1e-3, j
+    assert srv.t[1] - srv.t[0] < new[1] / rate + 0.05           # and not much later (loose: a loaded CPU)
+
+
+def test_listener_stalls_count_chunks_that_arrive_after_the_audio_before_them_played_out():
+    """One second of audio per chunk: a chunk arriving within the audio already delivered is on
+    time; one arriving 0.3 s after the audio ran out is a 300 ms stall, and playback resumes from
+    its arrival."""
+    from c2w.exporter.bench.serving import SAMPLE_RATE, listener_stalls
+    chunk = lambda i, t: {"i": i, "t_done": t, "samples": SAMPLE_RATE}  # noqa: E731
+    assert listener_stalls([chunk(0, 10.0), chunk(1, 10.5), chunk(2, 11.9)]) == (0, 0.0)
+    late, ms = listener_stalls([chunk(0, 10.0), chunk(1, 11.3), chunk(2, 12.2), chunk(3, 13.5)])
+    assert late == 2 and ms == pytest.approx(300.0 + 200.0)
