@@ -648,6 +648,15 @@ def test_serving_benchmark_counts_every_chunk_and_paces_clients(serve_dir):
     assert "paced at 200 tokens/s" in to_markdown(res)
 
 
+def test_serving_benchmark_of_one_stream_keeps_its_b1_reference(serve_dir):
+    """With N = 1 alone the batch reference is the B=1 one: the report names it, and neither is
+    lost (the B=1 reference used to be overwritten with None, and the report then raised)."""
+    from c2w.exporter.bench.serving import bench_serving, to_markdown
+    res = bench_serving(serve_dir, concurrency=[1], steady_chunks=1, check_streams=0, reps=1)
+    assert res["batch_reference"] == 1 and res["direct_B1"]["steady_ms"]["p50"] > 0
+    assert "Direct `Runtime.step`, B=1" in to_markdown(res) and res["levels"][0]["chunks"] == 3
+
+
 def test_paced_client_submits_no_chunk_before_its_tokens_exist():
     """A paced client (token_rate r) submits chunk j >= 1 no earlier than r tokens per second
     after its first chunk allows, counting the tokens each chunk adds (its length less the 3
