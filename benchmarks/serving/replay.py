@@ -1,0 +1,104 @@
+"""Replay the serving benchmark's scheduling on the CPU, at the H200's call times.
+
+The stream server runs as on the device, over an eager model with random:tiny's widths, fewer
+layers and 2 Euler steps; each call computes, then sleeps until it has taken the H200's measured
+time for its kind and batch size (run 7 of README.md), everything `--scale` times slower so that
+the CPU's own compute stays inside those times. Batch sizes with an engine are stood in for
+(`--built`), since the server only asks which exist. The clients are `c2w bench --serve`'s (N
+streams 20 ms apart, a 28-token first chunk, `--chunks` steady chunks, a final chunk; closed loop,
+or paced with `--token-rate`). Reports, in H200 milliseconds: time to first audio, set-up, first
+and steady chunk latencies, listener stalls and the calls run.
+
+    python benchmarks/serving/replay.py --n 8 --token-rate 25 --scale 25
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from c2w import runtime
+from c2w.exporter.bench import serving as bench
+from c2w.runtime.model.config import TINY
+from c2w.runtime.model.flow import FlowModel
+from c2w.runtime.model.hift import HiftVocoder
+from c2w.runtime.model.weights import init_random_
+from c2w.runtime.serving import StreamServer
+
+# H200 wall ms per call (run 7: set-up on its engines; 28-token chunks B=1 / B=8)
+CALL_MS = {"setup": 25.0, 1: 18.2, 8: 32.6}
+
+
+def small_model(directory: Path) -> str:
+    """random:tiny's widths with 1+1 conformer blocks, 2 DiT blocks and 2 Euler steps, saved as a
+    checkpoint directory (what runtime.load takes)."""
+    import json
+    cfg = dataclasses.replace(TINY, n_timesteps=2,
+                              encoder=dataclasses.replace(TINY.encoder, blocks=1, up_blocks=1),
+                              dit=dataclasses.replace(TINY.dit, depth=2))
+    flow, hift = FlowModel(cfg), HiftVocoder(cfg.hift)
+    init_random_(flow, 0)
+    init_random_(hift, 1)
+    torch.save(flow.state_dict(), directory / "flow.pt")
+    torch.save(hift.state_dict(), directory / "hift.pt")
+    (directory / "c2w_config.json").write_text(json.dumps(cfg.to_dict()))
+    return str(directory)
+
+
+def paced(fn, ms, scale):
+    """fn, then sleep until the call has taken ms(args) x scale."""
+    def call(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        time.sleep(max(0.0, t0 + ms(*args) * scale / 1e3 - time.perf_counter()))
+        return out
+    return call
+
+
+def stalls(chunks: list[dict], scale: float) -> tuple[int, float]:
+    """bench.listener_stalls on a clock `scale` times slower than the audio's."""
+    chunks = [dict(c, samples=c["samples"] * scale) for c in chunks]
+    late, ms = bench.listener_stalls(chunks)
+    return late, ms / scale
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=8, help="streams")
+    ap.add_argument("--chunks", type=int, default=8, help="steady chunks per stream")
+    ap.add_argument("--token-rate", type=float, default=0.0, help="paced clients (tokens/s); 0: closed loop")
+    ap.add_argument("--scale", type=float, default=25.0, help="how many times slower than the H200")
+    ap.add_argument("--built", default="1,8", help="batch sizes with an engine for each 28-token chunk")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    built = [int(b) for b in a.built.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        rt = runtime.load(tmp, model=small_model(Path(tmp)))      # no manifest: every call eager
+    d = rt.driver
+    d.setup = paced(d.setup, lambda *x: CALL_MS["setup"], a.scale)
+    d.step = paced(d.step, lambda state, tokens, last=False: CALL_MS.get(tokens.shape[0], CALL_MS[8]), a.scale)
+    StreamServer._built_sizes = lambda self, s, r: [1] if r.kind == "setup" or r.last else built
+    logs = {}
+    summarize = bench.summarize_level
+    bench.summarize_level = lambda cfg, N, ins, lg, *rest: (logs.setdefault("logs", lg), summarize(cfg, N, ins, lg, *rest))[1]
+    P = 100
+    with rt.serve(max_streams=a.n, max_prompt_frames=P, max_wait_ms=2.0 * a.scale, max_batch=max(built)) as srv:
+        row = bench.run_level(rt, srv, a.n, P=P, chunk_tokens=28, steady_chunks=a.chunks, stagger_ms=20.0 * a.scale,
+                              arrival="fixed", seed=0, check_streams=0, token_rate=a.token_rate / a.scale)
+    h200 = lambda d: "%.1f / %.1f" % (d["p50"] / a.scale, d["p95"] / a.scale)  # noqa: E731
+    late = [stalls(lg["chunks"], a.scale) for lg in logs["logs"]]
+    print(f"N={a.n}, {'paced at %g tokens/s' % a.token_rate if a.token_rate else 'closed loop'}, "
+          f"built B = {built}; H200 ms, p50 / p95")
+    print(f"  time to first audio {h200(row['ttfa_ms'])}, set-up {h200(row['setup_ms'])}")
+    print(f"  first chunk {h200(row['first_chunk_ms'])}, steady chunk {h200(row['steady_chunk_ms'])}")
+    print(f"  listener stalls: {sum(1 for n, _ in late if n)} streams, {sum(n for n, _ in late)} chunks, "
+          f"{sum(ms for _, ms in late):.0f} ms")
+    print(f"  calls: {row['batches']}; lost/duplicated/wrong length: {row['lost']}/{row['duplicated']}/{row['wrong_length']}")
+
+
+if __name__ == "__main__":
+    main()
