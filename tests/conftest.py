@@ -156,6 +156,13 @@ def artifacts_copy(ort_artifacts, tmp_path) -> Path:
     return dst
 
 
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    """`import tensorrt` raises ImportError, whether or not TensorRT is installed."""
+    import sys
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+
+
 class EstimatedMemory:
     """Stands in for runtime.memory.MeasureProcess in tests of the export loop that are not about
     memory (AOTI compiles, TensorRT stand-ins): every key measures exactly its estimate and
