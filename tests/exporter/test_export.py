@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from c2w.cli import app
 from c2w.exporter.export import export_profile
-from c2w.exporter.plan import make_plan, precision_weights, stream_keys
+from c2w.exporter.plan import make_plan, precision_weights
 from c2w.exporter.profile import Precision
 from c2w.exporter.report import plot, render
 from c2w.exporter.verify import verify_directory
@@ -19,18 +19,6 @@ from c2w.runtime.units import ShapeKey
 from tests.conftest import EXPORTED, checkpoint_dir, fewer_layers, seed_artifacts, small_profile
 
 runner = CliRunner()
-
-
-def test_planner_follows_the_stream_schedule():
-    p = small_profile(tail_tokens=(13,))
-    model = load_model(p.model)
-    keys = stream_keys(model.cfg, p)
-    cfm = [k.dims for c, k in keys if k.component == "cfm" and c != "tail"]
-    assert cfm == [(1, 50, 100), (1, 50, 150), (1, 50, 200)]        # P -> P+50 -> P+100 (trimmed)
-    hift = [k.dims for c, k in keys if k.component == "hift" and c != "tail"]
-    assert hift == [(1, 50, 0), (1, 58, 3840), (1, 58, 3840)]
-    tail = {k.component: k.dims for c, k in keys if c == "tail"}
-    assert tail == {"flow_encoder": (1, 13, 200, 1), "cfm": (1, 26, 200), "hift": (1, 34, 3840)}
 
 
 def test_manifest_contents(ort_artifacts):
