@@ -88,15 +88,3 @@ def test_precision_policy_rejects_what_a_unit_does_not_support(precision, match)
     from c2w.exporter.profile import parse_profile
     with pytest.raises(C2WUserError, match=match):
         parse_profile({"precision": precision}, "p.yaml")
-
-
-def test_the_runtime_checks_a_manifests_policy_too():
-    """A manifest's precision goes through the same check when its model is loaded."""
-    import torch
-
-    from c2w.runtime.precision import component_dtypes, load_at_precision
-    assert component_dtypes({"hift": "float16"})["hift"] == torch.float16
-    with pytest.raises(C2WUserError, match=r"precision.tf32: received true; expected false with hift: float16"):
-        load_at_precision("random:tiny", "cpu", {"hift": "float16", "tf32": True})
-    with pytest.raises(C2WUserError, match=r"precision.hift: received 'bfloat16'"):
-        component_dtypes({"hift": "bfloat16"})
