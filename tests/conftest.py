@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from c2w.exporter.profile import load_profile
+from c2w.runtime.model.config import TINY
+from c2w.runtime.units import ShapeKey
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
@@ -156,6 +158,13 @@ def artifacts_copy(ort_artifacts, tmp_path) -> Path:
     return dst
 
 
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    """`import tensorrt` raises ImportError, whether or not TensorRT is installed."""
+    import sys
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+
+
 class EstimatedMemory:
     """Stands in for runtime.memory.MeasureProcess in tests of the export loop that are not about
     memory (AOTI compiles, TensorRT stand-ins): every key measures exactly its estimate and
@@ -209,3 +218,36 @@ def recorded_parity(monkeypatch) -> list[str]:
     monkeypatch.setattr(c2w.exporter.verify, "check_entry",
                         lambda model, backend, out_dir, entry, device: reached.append(entry.id))
     return reached
+
+
+# ---- the stream server's artifacts: tests/runtime/test_serving.py, tests/exporter/bench/test_serving.py
+
+# PCM, batched vs alone: the HiFT's NSF source integrates f0 into phases of ~1e4 rad, so the ~5e-7
+# relative mel difference of a batched chunk (tests/runtime/test_serving.py MEL_TOL) moves the sine by up to ~3e-4 (measured; runtime/serving.py and
+# docs/serving.md). The bound is HiFT's engine tolerance (runtime/units.py).
+PCM_TOL = 5e-3
+STEADY_B3 = [ShapeKey("flow_encoder", (3, 28, 200, 0), "float32"), ShapeKey("cfm", (3, 50, 200), "float32"),
+             ShapeKey("hift", (3, 58, 3840), "float32")]
+SETUP_B1 = [ShapeKey("flow_encoder", (1, 53, 0, 0), "float32"), ShapeKey("cfm", (1, 100, 0), "float32")]
+
+
+SERVE_CFG = dataclasses.replace(fewer_layers(TINY), n_timesteps=2)
+
+
+@pytest.fixture(scope="module")
+def serve_dir(tmp_path_factory):
+    """Built once per test file that uses it (module scope): small_profile()'s B=1 keys plus the B=1 prompt set-up keys and B=3 steady keys, of a
+    SERVE_CFG model, built and verified by the real exporter. What the engines hold is not
+    measured (each key counts its estimate: tests.conftest.EstimatedMemory); the budget's
+    measurement is tested in tests/exporter/test_budget.py."""
+    import c2w.runtime.memory
+    from c2w.exporter.export import export_profile
+    root = tmp_path_factory.mktemp("serve")
+    p = dataclasses.replace(small_profile(setup_keys=True), extra_keys=tuple(STEADY_B3),
+                            model=checkpoint_dir(SERVE_CFG, root / "model"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(c2w.runtime.memory, "MeasureProcess", EstimatedMemory)
+        res = export_profile(p, root / "cpu")
+    assert res.failed == 0 and res.built == 8 + len(STEADY_B3) + len(SETUP_B1), \
+        [e.error for e in res.manifest.entries if e.error]
+    return root / "cpu"

@@ -21,7 +21,7 @@ from c2w.exporter.export import export_profile
 from c2w.exporter.plan import make_plan, precision_weights
 from c2w.exporter.report import render, summary
 from c2w.runtime.manifest import Entry, Manifest, read_manifest
-from c2w.runtime.memory import MeasureError, MeasureProcess, measure_directory, summarize
+from c2w.runtime.memory import MeasureError, MeasureProcess, measure_directory
 from c2w.runtime.model.weights import load_model
 from tests.conftest import EXPORTED, EstimatedMemory, seed_artifacts, small_profile
 
@@ -287,14 +287,6 @@ def test_ledger_counts_weights_and_engine_state_once_per_component():
     led.keep(_entry("a2", "a", 20))
     assert led.total() == 80 and not led.fits("b", 16) and led.fits("b", 15)
     assert "its 0.0 MiB + 0.0 MiB of b weights and engine state" in led.over_budget_reason(_entry("b1", "b", 16))
-
-
-def test_summarize_adds_up_in_load_order():
-    loads = [(_entry("a1", "a", 0), {"bytes": 7, "shared": {"a": 3}}), (_entry("b1", "b", 0), {"bytes": 2, "shared": {}}),
-             (_entry("a2", "a", 0), {"bytes": 5, "shared": {}})]
-    s = summarize({"a": 100, "b": 10}, loads)
-    assert s["per_key"] == [["a1", 7, 110], ["b1", 2, 122], ["a2", 5, 127]]
-    assert (s["total_bytes"], s["weight_bytes"], s["key_bytes"], s["engine_shared_bytes"]) == (127, 110, 14, {"a": 3, "b": 0})
 
 
 def test_a_version_1_manifest_is_read_with_its_peak_numbers_dropped(measured, tmp_path):

@@ -88,33 +88,3 @@ def test_precision_policy_rejects_what_a_unit_does_not_support(precision, match)
     from c2w.exporter.profile import parse_profile
     with pytest.raises(C2WUserError, match=match):
         parse_profile({"precision": precision}, "p.yaml")
-
-
-def test_the_runtime_checks_a_manifests_policy_too():
-    """A manifest's precision goes through the same check when its model is loaded."""
-    import torch
-
-    from c2w.runtime.precision import component_dtypes, load_at_precision
-    assert component_dtypes({"hift": "float16"})["hift"] == torch.float16
-    with pytest.raises(C2WUserError, match=r"precision.tf32: received true; expected false with hift: float16"):
-        load_at_precision("random:tiny", "cpu", {"hift": "float16", "tf32": True})
-    with pytest.raises(C2WUserError, match=r"precision.hift: received 'bfloat16'"):
-        component_dtypes({"hift": "bfloat16"})
-
-
-def test_weight_bytes_count_float16_only_on_hifts_conv_stack():
-    """The planner charges HiFT's convolutions at 2 bytes and its float32 parts (f0 predictor, NSF
-    source, Snake alphas, STFT / ISTFT kernels) at 4, before and after the exporter's cast."""
-    import dataclasses
-
-    from c2w.exporter.plan import precision_weights, weight_bytes
-    from c2w.exporter.profile import Precision
-    from c2w.runtime.model.weights import load_model
-    from c2w.runtime.precision import component_dtypes
-    model = load_model("random:tiny")
-    stack = sum(t.numel() for m in model.hift.precision_modules() for t in m.parameters())
-    total = weight_bytes(model)["hift"]
-    p = dataclasses.replace(load_profile("cpu"), precision=Precision(hift="float16"))
-    assert precision_weights(model, p)["hift"] == total - 2 * stack
-    assert precision_weights(model.to("cpu", component_dtypes({"hift": "float16"})), p)["hift"] == total - 2 * stack
-    assert weight_bytes(model)["hift"] == total - 2 * stack            # as the model holds them now

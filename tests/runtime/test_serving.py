@@ -2,7 +2,8 @@
 different positions share exact-shape batches and get the audio they would get alone; faults,
 cancellation and a full server stay per stream; threads and asyncio are both served.
 
-The model is smaller than random:tiny (SERVE_CFG: fewer repeated layers, 2 Euler steps instead of
+The model is smaller than random:tiny (SERVE_CFG in tests/conftest.py, with the module-scoped
+`serve_dir` its artifacts: fewer repeated layers, 2 Euler steps instead of
 10) with random:tiny's widths, so every unit keeps its inputs, outputs and cache shapes (the CFM's
 caches still stack over Euler steps) and the server, which never looks inside a unit, batches,
 pads, gathers and scatters exactly the same tensors; a chunk costs about a quarter of random:tiny's."""
@@ -12,8 +13,6 @@ import importlib.util
 import subprocess
 import sys
 import threading
-import time
-import types
 from pathlib import Path
 from collections import Counter
 
@@ -23,44 +22,14 @@ import torch
 
 from c2w import runtime
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.model.config import TINY
 from c2w.runtime.serving import plan_batches
 from c2w.runtime.slots import ServerFullError
 from c2w.runtime.units import EagerRunner, ShapeKey, rel_l2
-from tests.conftest import EstimatedMemory, checkpoint_dir, fewer_layers, small_profile
+from tests.conftest import PCM_TOL, SETUP_B1
 
 pytestmark = pytest.mark.slow
 
 MEL_TOL = 1e-5     # per-chunk mel, batched vs alone (fp32): GEMM blocking differs by batch, ~5e-7
-# PCM, batched vs alone: the HiFT's NSF source integrates f0 into phases of ~1e4 rad, so the ~5e-7
-# relative mel difference above moves the sine by up to ~3e-4 (measured; runtime/serving.py and
-# docs/serving.md). The bound is HiFT's engine tolerance (runtime/units.py).
-PCM_TOL = 5e-3
-STEADY_B3 = [ShapeKey("flow_encoder", (3, 28, 200, 0), "float32"), ShapeKey("cfm", (3, 50, 200), "float32"),
-             ShapeKey("hift", (3, 58, 3840), "float32")]
-SETUP_B1 = [ShapeKey("flow_encoder", (1, 53, 0, 0), "float32"), ShapeKey("cfm", (1, 100, 0), "float32")]
-
-
-SERVE_CFG = dataclasses.replace(fewer_layers(TINY), n_timesteps=2)
-
-
-@pytest.fixture(scope="module")
-def serve_dir(tmp_path_factory):
-    """small_profile()'s B=1 keys plus the B=1 prompt set-up keys and B=3 steady keys, of a
-    SERVE_CFG model, built and verified by the real exporter. What the engines hold is not
-    measured (each key counts its estimate: tests.conftest.EstimatedMemory); the budget's
-    measurement is tested in tests/exporter/test_budget.py."""
-    import c2w.runtime.memory
-    from c2w.exporter.export import export_profile
-    root = tmp_path_factory.mktemp("serve")
-    p = dataclasses.replace(small_profile(setup_keys=True), extra_keys=tuple(STEADY_B3),
-                            model=checkpoint_dir(SERVE_CFG, root / "model"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(c2w.runtime.memory, "MeasureProcess", EstimatedMemory)
-        res = export_profile(p, root / "cpu")
-    assert res.failed == 0 and res.built == 8 + len(STEADY_B3) + len(SETUP_B1), \
-        [e.error for e in res.manifest.entries if e.error]
-    return root / "cpu"
 
 
 @pytest.fixture(scope="module")
@@ -633,70 +602,3 @@ def test_a_scheduler_bug_fails_waiting_callers_instead_of_hanging_them(rt, monke
             srv.submit(h, s[3][0][0]).result(timeout=60)
     finally:
         srv.shutdown()
-
-
-def test_serving_benchmark_counts_every_chunk_and_paces_clients(serve_dir):
-    """`c2w bench --serve` on the tiny artifacts, clients paced at 200 tokens/s: every chunk
-    arrives once with its length and sampled streams equal their solo runs."""
-    from c2w.exporter.bench.serving import bench_serving, to_markdown
-    res = bench_serving(serve_dir, concurrency=[2], steady_chunks=1, stagger_ms=5, token_rate=200.0,
-                        check_streams=1, reps=1)
-    assert [r["N"] for r in res["levels"]] == [2] and res["token_rate"] == 200.0
-    for r in res["levels"]:
-        assert r["chunks"] == r["N"] * 3 and (r["lost"], r["duplicated"], r["wrong_length"], r["failed_chunks"]) == (0,) * 4
-        assert r["engine_hit_rate"] > 0.5 and r["solo_check"]["worst_pcm_rel_l2"] <= PCM_TOL
-    assert "paced at 200 tokens/s" in to_markdown(res)
-
-
-def test_serving_benchmark_of_one_stream_keeps_its_b1_reference(serve_dir):
-    """With N = 1 alone the batch reference is the B=1 one: the report names it, and neither is
-    lost (the B=1 reference used to be overwritten with None, and the report then raised)."""
-    from c2w.exporter.bench.serving import bench_serving, to_markdown
-    res = bench_serving(serve_dir, concurrency=[1], steady_chunks=1, check_streams=0, reps=1)
-    assert res["batch_reference"] == 1 and res["direct_B1"]["steady_ms"]["p50"] > 0
-    assert "Direct `Runtime.step`, B=1" in to_markdown(res) and res["levels"][0]["chunks"] == 3
-
-
-def test_paced_client_submits_no_chunk_before_its_tokens_exist():
-    """A paced client (token_rate r) submits chunk j >= 1 no earlier than r tokens per second
-    after its first chunk allows, counting the tokens each chunk adds (its length less the 3
-    lookahead tokens the chunk before it already carried); the first chunk goes as soon as the
-    prompt is ready."""
-    from concurrent.futures import Future
-    from c2w.exporter.bench.serving import _client
-
-    def done(value):
-        f = Future()
-        f.set_result(value)
-        return f
-
-    class Server:
-        def __init__(self):
-            self.t = []
-
-        def open_stream(self, *prompt):
-            return types.SimpleNamespace(ready=done(None))
-
-        def submit(self, handle, tokens, last=False):
-            self.t.append(time.perf_counter())
-            return done(torch.zeros(10))
-
-    sizes, rate = [28, 28, 28, 13], 400.0
-    ins = (None, None, None, [(torch.zeros(n, dtype=torch.long), i == 3) for i, n in enumerate(sizes)])
-    srv, log = Server(), {"chunks": [], "pcm": []}
-    _client(srv, ins, 0.0, time.perf_counter(), log, token_rate=rate)
-    new = [n - 3 for n in sizes]
-    for j in range(1, len(sizes)):
-        assert srv.t[j] - srv.t[0] >= sum(new[1:j + 1]) / rate - 1e-3, j
-    assert srv.t[1] - srv.t[0] < new[1] / rate + 0.05           # and not much later (loose: a loaded CPU)
-
-
-def test_listener_stalls_count_chunks_that_arrive_after_the_audio_before_them_played_out():
-    """One second of audio per chunk: a chunk arriving within the audio already delivered is on
-    time; one arriving 0.3 s after the audio ran out is a 300 ms stall, and playback resumes from
-    its arrival."""
-    from c2w.exporter.bench.serving import SAMPLE_RATE, listener_stalls
-    chunk = lambda i, t: {"i": i, "t_done": t, "samples": SAMPLE_RATE}  # noqa: E731
-    assert listener_stalls([chunk(0, 10.0), chunk(1, 10.5), chunk(2, 11.9)]) == (0, 0.0)
-    late, ms = listener_stalls([chunk(0, 10.0), chunk(1, 11.3), chunk(2, 12.2), chunk(3, 13.5)])
-    assert late == 2 and ms == pytest.approx(300.0 + 200.0)
