@@ -3,7 +3,7 @@
 Counted the way torch.utils.flop_counter counts them: 2 per multiply-add of every matrix product
 and convolution (attention included), nothing for element-wise ops, norms and activations. The
 planner's timing model without a calibration file is proportional to these counts
-(exporter/traffic.py); tests/exporter/test_traffic.py holds each formula to torch's counter.
+(exporter/traffic.py); tests/exporter/test_flops.py holds each formula to torch's counter.
 """
 from __future__ import annotations
 

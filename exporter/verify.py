@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from c2w.exporter.budget import MEASURE_TOLERANCE, mib, overrun, recorded_ledger
+from c2w.exporter.budget import measurement_slack, mib, overrun, recorded_ledger
 from c2w.runtime.engines import get_backend
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.manifest import Entry, Manifest, Status, file_problem, model_from_manifest, read_manifest
@@ -68,7 +68,7 @@ class BudgetCheck:
 def verify_budget(out_dir: Path, manifest: Manifest, device: str | None = None) -> BudgetCheck:
     """The budget against the built keys' measured bytes the manifest records (exactly), and
     against the directory measured again together in a fresh process on `device` (allowing
-    MEASURE_TOLERANCE for the measurement's own variation)."""
+    measurement_slack(budget) for the measurement's own variation)."""
     out, budget = BudgetCheck(), manifest.budget_bytes
     ledger, unmeasured = recorded_ledger(manifest)
     if unmeasured:
@@ -85,13 +85,13 @@ def verify_budget(out_dir: Path, manifest: Manifest, device: str | None = None) 
     except MeasureError as e:
         out.problems.append(f"the directory could not be measured in a fresh process: {e}")
         return out
-    total = got["total_bytes"]
+    total, slack = got["total_bytes"], measurement_slack(budget)
     parts = (f"weights {mib(got['weight_bytes'])} + engine state {mib(sum(got['engine_shared_bytes'].values()))} + "
              f"{got['keys']} keys {mib(got['key_bytes'])} MiB")
     out.lines.append(f"measured together in a fresh process ({got['kind']}): {parts} = {mib(total)} MiB of {mib(budget)} "
-                     f"MiB" + (f" (over by less than the {MEASURE_TOLERANCE:.0%} measurement tolerance)"
-                               if budget < total <= budget * (1 + MEASURE_TOLERANCE) else ""))
-    if total > budget * (1 + MEASURE_TOLERANCE):
+                     f"MiB" + (f" (over by less than the measurement tolerance of {mib(slack)} MiB)"
+                               if budget < total <= budget + slack else ""))
+    if total > budget + slack:
         out.problems.append(f"{overrun('the directory measured in a fresh process', total, budget, parts)}. {OVERRUN_FIX}")
     return out
 
