@@ -451,6 +451,27 @@ def test_a_new_streams_first_chunk_goes_before_chunks_of_streams_ahead_of_their_
     assert srv.stats()["chunks"] == 4
 
 
+def gate_first_setup_and_record(rt, monkeypatch, streams: dict):
+    """Patch the driver so that the first set-up waits at a gate and every set-up and chunk is
+    recorded by stream name ("setup a", "chunk b", ...). Returns (entered, gate, order)."""
+    setup, step, entered, gate, order = rt.driver.setup, rt.driver.step, threading.Event(), threading.Event(), []
+
+    def gated_setup(tokens, mel, spk):
+        if not gate.is_set():
+            entered.set()
+            gate.wait(60)
+        order.append("setup " + next(n for n, st in streams.items() if torch.equal(tokens[0], st[0])))
+        return setup(tokens, mel, spk)
+
+    def recorded_step(state, tokens, last=False):
+        order.append("chunk " + next(n for n, st in streams.items() if torch.equal(tokens[0], st[3][0][0])))
+        return step(state, tokens, last=last)
+
+    monkeypatch.setattr(rt.driver, "setup", gated_setup)
+    monkeypatch.setattr(rt.driver, "step", recorded_step)
+    return entered, gate, order
+
+
 def test_a_streams_first_chunk_goes_before_the_set_up_of_a_stream_opened_after_it(rt, monkeypatch):
     """Time to first audio counts from open_stream, so a stream's set-up and first chunk share the
     deadline of its opening: A's first chunk runs before the set-up of B, opened after A, even
@@ -458,21 +479,7 @@ def test_a_streams_first_chunk_goes_before_the_set_up_of_a_stream_opened_after_i
     arrivals faster than the set-ups would hold every first chunk back until the last set-up.)"""
     cfg = rt.model.cfg
     a, b = make_stream(cfg, 910, 1), make_stream(cfg, 911, 1)
-    setup, step, entered, gate, order = rt.driver.setup, rt.driver.step, threading.Event(), threading.Event(), []
-
-    def gated_setup(tokens, mel, spk):
-        if not gate.is_set():
-            entered.set()
-            gate.wait(60)
-        order.append("setup " + next(n for n, st in (("a", a), ("b", b)) if torch.equal(tokens[0], st[0])))
-        return setup(tokens, mel, spk)
-
-    def recorded_step(state, tokens, last=False):
-        order.append("chunk " + next(n for n, st in (("a", a), ("b", b)) if torch.equal(tokens[0], st[3][0][0])))
-        return step(state, tokens, last=last)
-
-    monkeypatch.setattr(rt.driver, "setup", gated_setup)
-    monkeypatch.setattr(rt.driver, "step", recorded_step)
+    entered, gate, order = gate_first_setup_and_record(rt, monkeypatch, {"a": a, "b": b})
     with rt.serve(max_streams=2, max_wait_ms=0, voice_cache=0) as srv:
         ha = srv.open_stream(*a[:3])                    # A's set-up holds the lane at the gate
         assert entered.wait(60)
@@ -491,21 +498,7 @@ def test_a_stream_just_set_up_gets_its_first_chunk_in_before_the_next_set_up(rt,
     served and is about to ask, instead of starting it the moment A's set-up returns."""
     cfg = rt.model.cfg
     a, b = make_stream(cfg, 920, 1), make_stream(cfg, 921, 1)
-    setup, step, entered, gate, order = rt.driver.setup, rt.driver.step, threading.Event(), threading.Event(), []
-
-    def gated_setup(tokens, mel, spk):
-        if not gate.is_set():
-            entered.set()
-            gate.wait(60)
-        order.append("setup " + next(n for n, st in (("a", a), ("b", b)) if torch.equal(tokens[0], st[0])))
-        return setup(tokens, mel, spk)
-
-    def recorded_step(state, tokens, last=False):
-        order.append("chunk " + next(n for n, st in (("a", a), ("b", b)) if torch.equal(tokens[0], st[3][0][0])))
-        return step(state, tokens, last=last)
-
-    monkeypatch.setattr(rt.driver, "setup", gated_setup)
-    monkeypatch.setattr(rt.driver, "step", recorded_step)
+    entered, gate, order = gate_first_setup_and_record(rt, monkeypatch, {"a": a, "b": b})
     with rt.serve(max_streams=2, max_wait_ms=5_000, voice_cache=0) as srv:
         ha = srv.open_stream(*a[:3])
         assert entered.wait(60)
