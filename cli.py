@@ -302,6 +302,8 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
           lanes: int = typer.Option(1, help="--serve: batches the server may run at the same time"),
           token_rate: float = typer.Option(0.0, help="--serve: tokens per second each client's LLM yields after "
                                            "the first chunk (25 = real time; 0: closed loop, as fast as served)"),
+          clients: str = typer.Option("threads", help="--serve: threads (a thread per client) | asyncio (every "
+                                      "client a coroutine of one event loop)"),
           calibration: Optional[Path] = typer.Option(None, help="per-key eager and engine ms for the planner's "
                                                      "traffic section (default: calibration.json beside --out)"),
           traffic: bool = typer.Option(False, "--traffic", help="one session of each kind in the profile's traffic "
@@ -332,11 +334,13 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
             raise C2WUserError("--lanes", lanes, "1 or more")
         if token_rate < 0:
             raise C2WUserError("--token-rate", token_rate, "0 (closed loop) or a positive rate in tokens per second")
+        if clients not in serving.CLIENTS:
+            raise C2WUserError("--clients", repr(clients), " or ".join(serving.CLIENTS))
         res = serving.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
                                     steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
                                     max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate,
                                     reps=reps, save=lambda r: write(r, json_out, serving.to_markdown),
-                                    cuda_graphs=cuda_graphs)
+                                    cuda_graphs=cuda_graphs, clients=clients)
         write(res, json_out, serving.to_markdown)
         typer.echo(serving.to_markdown(res))
         return

@@ -19,3 +19,9 @@ def test_user_errors_print_brackets_as_written(tmp_path, monkeypatch, ort_artifa
     monkeypatch.setitem(sys.modules, "matplotlib", None)          # not installed
     r = runner.invoke(app, ["report", str(ort_artifacts), "--plot", str(tmp_path / "m.png")])
     assert r.exit_code == 2 and "c2w[plot]" in r.output and "pip install matplotlib" in r.output
+
+
+def test_bench_serve_refuses_an_unknown_kind_of_client(tmp_path):
+    """--clients is checked before anything loads: one line naming what came and what may."""
+    r = runner.invoke(app, ["bench", str(tmp_path), "--serve", "--clients", "processes"])
+    assert r.exit_code == 2 and "--clients: received 'processes'; expected threads or asyncio" in r.output, r.output

@@ -110,6 +110,7 @@ def main() -> None:
     ap.add_argument("--built", default=None, help="batch sizes with an engine for each chunk (default: 1,8 for "
                     "28-token chunks, 1,8,32 for 78)")
     ap.add_argument("--reuse-results", action="store_true", help="compute each distinct call once (see above)")
+    ap.add_argument("--clients", default="threads", choices=bench.CLIENTS, help="as c2w bench --serve --clients")
     a = ap.parse_args()
     torch.set_num_threads(1)
     built = [int(b) for b in (a.built or ("1,8" if a.chunk_tokens == 28 else "1,8,32")).split(",")]
@@ -134,10 +135,11 @@ def main() -> None:
     with rt.serve(max_streams=a.n, max_prompt_frames=P, max_wait_ms=2.0 * a.scale, max_batch=max(built)) as srv:
         row = bench.run_level(rt, srv, a.n, P=P, chunk_tokens=a.chunk_tokens, steady_chunks=a.chunks,
                               stagger_ms=20.0 * a.scale,
-                              arrival="fixed", seed=0, check_streams=0, token_rate=a.token_rate / a.scale)
+                              arrival="fixed", seed=0, check_streams=0, token_rate=a.token_rate / a.scale,
+                              clients=a.clients)
     h200 = lambda d: "%.1f / %.1f" % (d["p50"] / a.scale, d["p95"] / a.scale)  # noqa: E731
     late = [stalls(lg["chunks"], a.scale) for lg in logs["logs"]]
-    print(f"N={a.n}, {'paced at %g tokens/s' % a.token_rate if a.token_rate else 'closed loop'}, "
+    print(f"N={a.n}, {'paced at %g tokens/s' % a.token_rate if a.token_rate else 'closed loop'}, {a.clients} clients, "
           f"built B = {built}; H200 ms, p50 / p95")
     print(f"  time to first audio {h200(row['ttfa_ms'])}, set-up {h200(row['setup_ms'])}")
     print(f"  first chunk {h200(row['first_chunk_ms'])}, steady chunk {h200(row['steady_chunk_ms'])}")

@@ -19,6 +19,7 @@ Two references are measured in the same process: one stream stepped directly wit
 """
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -89,19 +90,28 @@ def direct_reference(rt, B: int, P: int, chunk_tokens: int, reps: int) -> dict:
             "steady_audio_s_per_s": audio_s / (_pct(steady, 0.5) / 1e3)}
 
 
-def _client(server, ins, arrive_at: float, t_start: float, log: dict, token_rate: float = 0.0) -> None:
-    time.sleep(max(0.0, t_start + arrive_at - time.perf_counter()))
+async def _client(server, ins, arrive_at: float, t_start: float, log: dict, token_rate: float = 0.0,
+                  in_loop: bool = False) -> None:
+    """One synthetic session. in_loop: the client shares an event loop with the others (awaits the
+    server's futures); else it has a thread and a loop of its own and blocks on them."""
+    async def pause(seconds: float) -> None:
+        await asyncio.sleep(seconds) if in_loop else time.sleep(seconds)
+
+    async def result(fut):
+        return await asyncio.wrap_future(fut) if in_loop else fut.result()
+
+    await pause(max(0.0, t_start + arrive_at - time.perf_counter()))
     t_open = time.perf_counter()
     h = server.open_stream(*ins[:3])
-    h.ready.result()                            # the prompt is set up (or copied from the voice cache)
+    await result(h.ready)                       # the prompt is set up (or copied from the voice cache)
     log["setup_ms"] = (time.perf_counter() - t_open) * 1e3
     t_first, new_tokens = time.perf_counter(), 0
     for j, (tok, last) in enumerate(ins[3]):
         if token_rate and j:                    # paced: its tokens exist only from then on
             new_tokens += int(tok.shape[0]) - LOOKAHEAD
-            time.sleep(max(0.0, t_first + new_tokens / token_rate - time.perf_counter()))
+            await pause(max(0.0, t_first + new_tokens / token_rate - time.perf_counter()))
         t0 = time.perf_counter()
-        pcm = server.submit(h, tok, last=last).result()
+        pcm = await result(server.submit(h, tok, last=last))
         t1 = time.perf_counter()
         log["chunks"].append({"i": j, "t_submit": t0, "t_done": t1, "samples": int(pcm.shape[0]),
                               "tokens": int(tok.shape[0]), "last": last})
@@ -110,8 +120,14 @@ def _client(server, ins, arrive_at: float, t_start: float, log: dict, token_rate
         log["pcm"].append(pcm)
 
 
+CLIENTS = ("threads", "asyncio")
+
+
 def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: int, stagger_ms: float,
-              arrival: str, seed: int, check_streams: int, voices: int = 0, token_rate: float = 0.0) -> dict:
+              arrival: str, seed: int, check_streams: int, voices: int = 0, token_rate: float = 0.0,
+              clients: str = "threads") -> dict:
+    """One concurrency level. clients: "threads" (a thread per client, blocking on its futures)
+    or "asyncio" (every client a coroutine of one event loop, as in an asyncio server)."""
     cfg = rt.model.cfg
     rng = random.Random(seed + N)
     offsets, t = [], 0.0
@@ -125,12 +141,18 @@ def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: i
     logs = [{"chunks": [], "pcm": []} for _ in range(N)]
     before_units, before_srv = rt.stats(), server.stats()
     t_start = time.perf_counter() + 0.05
-    threads = [threading.Thread(target=_client, args=(server, ins[i], offsets[i], t_start, logs[i], token_rate))
-               for i in range(N)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    sessions = [_client(server, ins[i], offsets[i], t_start, logs[i], token_rate, in_loop=clients == "asyncio")
+                for i in range(N)]
+    if clients == "asyncio":
+        async def together():
+            await asyncio.gather(*sessions)
+        asyncio.run(together())
+    else:
+        threads = [threading.Thread(target=asyncio.run, args=(session,)) for session in sessions]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
     after_units, after_srv = rt.stats(), server.stats()
     return summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, before_srv, after_srv,
                            chunk_tokens, rt, check_streams)
@@ -217,7 +239,7 @@ def solo_check(rt, ins, served) -> dict:
 def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: int = 28, steady_chunks: int = 8,
                   stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0, voices: int = 0,
                   lanes: int = 1, token_rate: float = 0.0, check_streams: int = 2, reps: int = 10, seed: int = 0,
-                  save=lambda res: None, cuda_graphs: bool | None = None) -> dict:
+                  save=lambda res: None, cuda_graphs: bool | None = None, clients: str = "threads") -> dict:
     from c2w import runtime
     from c2w.exporter.bench.engines import _commit
     rt = runtime.load(artifact_dir, cuda_graphs=cuda_graphs)
@@ -227,7 +249,7 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "chunk_tokens": chunk_tokens, "steady_chunks": steady_chunks, "arrival": arrival,
            "stagger_ms": stagger_ms, "max_wait_ms": max_wait_ms, "voices": voices, "lanes": lanes,
-           "token_rate": token_rate, "prompt_frames": P, "levels": []}
+           "token_rate": token_rate, "clients": clients, "prompt_frames": P, "levels": []}
     largest = max(concurrency)
     cfg = rt.model.cfg
     steady = (cfg.up_rate * (chunk_tokens - cfg.encoder.pre_lookahead), P + 100)     # the steady CFM (T, L)
@@ -244,7 +266,7 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
         for N in concurrency:
             row = run_level(rt, server, N, P=P, chunk_tokens=chunk_tokens, steady_chunks=steady_chunks,
                             stagger_ms=stagger_ms, arrival=arrival, seed=seed, check_streams=min(check_streams, N),
-                            voices=voices, token_rate=token_rate)
+                            voices=voices, token_rate=token_rate, clients=clients)
             res["levels"].append(row)
             save(res)
             print(f"  N={N}: ttfa p95 {row['ttfa_ms']['p95']:.1f} ms, steady p95 {row['steady_chunk_ms']['p95']:.1f} ms, "
@@ -285,6 +307,7 @@ def to_markdown(res: dict) -> str:
              f"{res.get('lanes', 1)} lane(s), "
              + (f"clients paced at {res['token_rate']:g} tokens/s after the first chunk, " if res.get("token_rate")
                 else "closed-loop clients, ")
+             + ("all in one asyncio event loop, " if res.get("clients") == "asyncio" else "a thread each, ")
              + (f"{res['voices']} voices shared by the streams." if res.get("voices") else "a prompt of its own per stream."),
              "",
              f"Direct `Runtime.step`, B=1: first chunk {ref1['first_ms']:.1f} ms, steady p50 "

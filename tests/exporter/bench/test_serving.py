@@ -1,6 +1,7 @@
 """`c2w bench --serve` (exporter/bench/serving.py): the benchmark on the stream server's artifacts
 (tests/conftest.py `serve_dir`, built once for this file), paced clients, listener stalls and the
 samples each chunk returns."""
+import asyncio
 import time
 import types
 
@@ -26,6 +27,19 @@ def test_serving_benchmark_counts_every_chunk_and_paces_clients(serve_dir):
 
 
 @pytest.mark.slow
+def test_serving_benchmark_with_asyncio_clients_counts_every_chunk(serve_dir):
+    """`c2w bench --serve --clients asyncio`: every client a coroutine of one event loop (the
+    server's submit_async path): every chunk arrives once with its length, sampled streams equal
+    their solo runs, and the report says how the clients ran."""
+    from c2w.exporter.bench.serving import bench_serving, to_markdown
+    res = bench_serving(serve_dir, concurrency=[2], steady_chunks=1, stagger_ms=5, check_streams=1, reps=1,
+                        clients="asyncio")
+    r = res["levels"][0]
+    assert res["clients"] == "asyncio" and r["chunks"] == 6
+    assert (r["lost"], r["duplicated"], r["wrong_length"], r["failed_chunks"]) == (0,) * 4
+    assert r["solo_check"]["worst_pcm_rel_l2"] <= PCM_TOL and "one asyncio event loop" in to_markdown(res)
+
+
 def test_serving_benchmark_of_one_stream_keeps_its_b1_reference(serve_dir):
     """With N = 1 alone the batch reference is the B=1 one: the report names it, and neither is
     lost (the B=1 reference used to be overwritten with None, and the report then raised)."""
@@ -35,11 +49,12 @@ def test_serving_benchmark_of_one_stream_keeps_its_b1_reference(serve_dir):
     assert "Direct `Runtime.step`, B=1" in to_markdown(res) and res["levels"][0]["chunks"] == 3
 
 
-def test_paced_client_submits_no_chunk_before_its_tokens_exist():
+@pytest.mark.parametrize("in_loop", [False, True], ids=["thread", "asyncio"])
+def test_paced_client_submits_no_chunk_before_its_tokens_exist(in_loop):
     """A paced client (token_rate r) submits chunk j >= 1 no earlier than r tokens per second
     after its first chunk allows, counting the tokens each chunk adds (its length less the 3
     lookahead tokens the chunk before it already carried); the first chunk goes as soon as the
-    prompt is ready."""
+    prompt is ready. The same for a client of its own thread and one of a shared event loop."""
     from concurrent.futures import Future
     from c2w.exporter.bench.serving import _client
 
@@ -62,7 +77,8 @@ def test_paced_client_submits_no_chunk_before_its_tokens_exist():
     sizes, rate = [28, 28, 28, 13], 400.0
     ins = (None, None, None, [(torch.zeros(n, dtype=torch.long), i == 3) for i, n in enumerate(sizes)])
     srv, log = Server(), {"chunks": [], "pcm": []}
-    _client(srv, ins, 0.0, time.perf_counter(), log, token_rate=rate)
+    asyncio.run(_client(srv, ins, 0.0, time.perf_counter(), log, token_rate=rate, in_loop=in_loop))
+    assert [c["i"] for c in log["chunks"]] == [0, 1, 2, 3] and len(log["pcm"]) == 4
     new = [n - 3 for n in sizes]
     for j in range(1, len(sizes)):
         assert srv.t[j] - srv.t[0] >= sum(new[1:j + 1]) / rate - 1e-3, j
