@@ -147,6 +147,11 @@ class _Stream:
     def state_signature(self) -> tuple:
         return (self.prompt_frames,) + tuple(sorted(self.lengths.items()))
 
+    def idle(self) -> bool:
+        """Set up, between chunks, and able to ask for another (read under the server's lock)."""
+        return (self.ready and not self.busy and not self.queue and not self.last_submitted and not self.closed
+                and self.error is None)
+
     def deadline(self) -> float:
         """When the listener of this stream runs out of audio, if its next request waits (the
         module docstring): before its first audio, the moment the stream was opened."""
@@ -437,12 +442,6 @@ class StreamServer:
                                           if k.component == "cfm" and (k.dim("T"), k.dim("L")) == (T, L)})
         return self._built[(T, L)]
 
-    @staticmethod
-    def _idle(s: _Stream) -> bool:
-        """Set up, between chunks, and able to ask for another (under the lock)."""
-        return (s.ready and not s.busy and not s.queue and not s.last_submitted and not s.closed
-                and s.error is None)
-
     def _wait_for_company(self, sig: tuple, rows: list, target: int, now: float) -> float:
         """Seconds worth waiting before running a partial group: for the idle streams at the same
         position that got their last result recently (they are about to submit again) until the
@@ -452,7 +451,7 @@ class StreamServer:
         members = {id(s) for s, _ in rows}
         state = sig[3:]
         idle = [s for s in self._streams.values()
-                if id(s) not in members and self._idle(s) and s.state_signature() == state]
+                if id(s) not in members and s.idle() and s.state_signature() == state]
         if not idle:
             return 0.0
         window = max(self.max_wait, MERGE_FRACTION * self._seconds.get((sig, target), 0.0))
@@ -478,12 +477,13 @@ class StreamServer:
         # about to submit its next chunk (a new stream's first chunk right after its set-up, above
         # all). A chunk-lane group with a later deadline waits for them rather than start a call
         # they would queue behind.
-        about_to_ask = [s for s in self._streams.values()
-                        if lane == "chunk" and self._idle(s) and now - s.idle_since < self.max_wait]
+        about_to_ask = ([s for s in self._streams.values() if s.idle() and now - s.idle_since < self.max_wait]
+                        if lane == "chunk" else [])
         timeout = None
-        for sig, rows in sorted(groups.items(), key=lambda kv: min((s.deadline(), r.t_submit) for s, r in kv[1])):
+        urgency = {sig: min((s.deadline(), r.t_submit) for s, r in rows) for sig, rows in groups.items()}
+        for sig, rows in sorted(groups.items(), key=lambda kv: urgency[kv[0]]):
             rows.sort(key=lambda sr: sr[1].t_submit)
-            due = min(s.deadline() for s, _ in rows)
+            due = urgency[sig][0]
             sooner = [s.idle_since + self.max_wait - now for s in about_to_ask if s.deadline() < due]
             if sooner:
                 return None, min(sooner) if timeout is None else min(timeout, *sooner)

@@ -31,7 +31,6 @@ from c2w.runtime.units import rel_l2
 
 FIRST_TOKENS = 28
 TAIL_TOKENS = 13
-LOOKAHEAD = 3                    # a non-final chunk's last tokens, which the next chunk starts with
 SAMPLES_PER_TOKEN = 960          # 2 mel frames x 480 samples
 SAMPLE_RATE = 24000
 
@@ -91,9 +90,10 @@ def direct_reference(rt, B: int, P: int, chunk_tokens: int, reps: int) -> dict:
 
 
 async def _client(server, ins, arrive_at: float, t_start: float, log: dict, token_rate: float = 0.0,
-                  in_loop: bool = False) -> None:
+                  in_loop: bool = False, lookahead: int = 3) -> None:
     """One synthetic session. in_loop: the client shares an event loop with the others (awaits the
-    server's futures); else it has a thread and a loop of its own and blocks on them."""
+    server's futures); else it has a thread and a loop of its own and blocks on them. lookahead:
+    a non-final chunk's last tokens, which the next chunk starts with (cfg.encoder.pre_lookahead)."""
     async def pause(seconds: float) -> None:
         await asyncio.sleep(seconds) if in_loop else time.sleep(seconds)
 
@@ -108,7 +108,7 @@ async def _client(server, ins, arrive_at: float, t_start: float, log: dict, toke
     t_first, new_tokens = time.perf_counter(), 0
     for j, (tok, last) in enumerate(ins[3]):
         if token_rate and j:                    # paced: its tokens exist only from then on
-            new_tokens += int(tok.shape[0]) - LOOKAHEAD
+            new_tokens += int(tok.shape[0]) - lookahead
             await pause(max(0.0, t_first + new_tokens / token_rate - time.perf_counter()))
         t0 = time.perf_counter()
         pcm = await result(server.submit(h, tok, last=last))
@@ -141,8 +141,8 @@ def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: i
     logs = [{"chunks": [], "pcm": []} for _ in range(N)]
     before_units, before_srv = rt.stats(), server.stats()
     t_start = time.perf_counter() + 0.05
-    sessions = [_client(server, ins[i], offsets[i], t_start, logs[i], token_rate, in_loop=clients == "asyncio")
-                for i in range(N)]
+    sessions = [_client(server, ins[i], offsets[i], t_start, logs[i], token_rate, in_loop=clients == "asyncio",
+                        lookahead=cfg.encoder.pre_lookahead) for i in range(N)]
     if clients == "asyncio":
         async def together():
             await asyncio.gather(*sessions)
