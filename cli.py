@@ -304,6 +304,9 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
                                            "the first chunk (25 = real time; 0: closed loop, as fast as served)"),
           clients: str = typer.Option("threads", help="--serve: threads (a thread per client) | asyncio (every "
                                       "client a coroutine of one event loop)"),
+          ahead: int = typer.Option(0, help="--serve: chunks each client keeps submitted beyond the one whose audio "
+                                    "it waits for (0: submit once the last one is back; 1: the LLM's tokens are "
+                                    "there before the audio)"),
           calibration: Optional[Path] = typer.Option(None, help="per-key eager and engine ms for the planner's "
                                                      "traffic section (default: calibration.json beside --out)"),
           traffic: bool = typer.Option(False, "--traffic", help="one session of each kind in the profile's traffic "
@@ -336,11 +339,13 @@ def bench(out: Optional[Path] = typer.Argument(None, help="artifact directory (d
             raise C2WUserError("--token-rate", token_rate, "0 (closed loop) or a positive rate in tokens per second")
         if clients not in serving.CLIENTS:
             raise C2WUserError("--clients", repr(clients), " or ".join(serving.CLIENTS))
+        if ahead < 0:
+            raise C2WUserError("--ahead", ahead, "0 (closed loop) or the number of chunks a client keeps queued")
         res = serving.bench_serving(out, concurrency=levels, chunk_tokens=chunk_tokens,
                                     steady_chunks=steady_chunks, stagger_ms=stagger_ms, arrival=arrival,
                                     max_wait_ms=max_wait_ms, voices=voices, lanes=lanes, token_rate=token_rate,
                                     reps=reps, save=lambda r: write(r, json_out, serving.to_markdown),
-                                    cuda_graphs=cuda_graphs, clients=clients)
+                                    cuda_graphs=cuda_graphs, clients=clients, ahead=ahead)
         write(res, json_out, serving.to_markdown)
         typer.echo(serving.to_markdown(res))
         return

@@ -70,7 +70,18 @@ def summary(m: Manifest) -> dict:
             "total_bytes": total, "unmeasured_keys": unmeasured,
             "directory_measured": {} if m.measured is None else m.measured.to_dict(),     # as in the manifest
             "over_budget": overruns, **breakdown(m),
-            "counts": counts, "build_seconds": round(sum(e.build_seconds for e in m.entries), 1)}
+            "counts": counts, "build_seconds": round(sum(e.build_seconds for e in m.entries), 1),
+            "build_phases": build_phases(m)}
+
+
+def build_phases(m: Manifest) -> dict:
+    """Seconds per build phase summed over the keys that recorded them (an AOTI key: export,
+    compile, verify; keys built by an older c2w record none)."""
+    out: dict[str, float] = {}
+    for e in m.entries:
+        for phase, s in (e.extra or {}).get("build_phases", {}).items():
+            out[phase] = round(out.get(phase, 0.0) + s, 1)
+    return out
 
 
 def rows(m: Manifest) -> list[list[str]]:
@@ -118,7 +129,9 @@ def _totals(m: Manifest, s: dict) -> list[str]:
                      "process (merged from shards, or exported by an older c2w): c2w verify measures it")
     if s["unmeasured_keys"]:
         lines.append(f"{len(s['unmeasured_keys'])} built keys have no measurement (exported by an older c2w)")
-    lines.append(", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items())) + f"; build {s['build_seconds']} s")
+    phases = ", ".join(f"{k} {v}" for k, v in s["build_phases"].items())
+    lines.append(", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items())) + f"; build {s['build_seconds']} s"
+                 + (f" ({phases})" if phases else ""))
     pending = s["counts"].get(Status.PENDING, 0)
     if pending:
         planned = sum(n for k, n in s["counts"].items() if k != Status.SKIPPED_BUDGET)

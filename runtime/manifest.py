@@ -123,7 +123,7 @@ class Entry:
     est_bytes: int = 0             # planner estimate (per-key, weights excluded)
     device_bytes: int | None = None    # resident bytes of its own, loaded next to the keys kept before it (runtime.memory)
     memory_kind: str = ""          # "cuda_device" (device memory in use) or "host_anon" (anonymous RSS)
-    build_seconds: float = 0.0
+    build_seconds: float = 0.0    # building and verifying it (its phases: extra['build_phases'])
     parity: Parity | None = None   # None until checked against eager ({} in the file)
     input_names: list = field(default_factory=list)
     output_names: list = field(default_factory=list)

@@ -11,7 +11,7 @@ and steady chunk latencies, listener stalls, the calls run, and the host time be
 of the largest batch (what the server spends handing results out and gathering the next batch).
 
     python benchmarks/serving/replay.py --n 8 --token-rate 25 --scale 25
-    python benchmarks/serving/replay.py --n 32 --chunk-tokens 78 --chunks 12 --scale 1 --reuse-results
+    python benchmarks/serving/replay.py --n 32 --chunk-tokens 78 --chunks 12 --scale 1 --reuse-results [--ahead 1]
 
 `--reuse-results` computes each distinct call once and hands out the same output tensors after
 that (the server never writes into a step's outputs), so that at `--scale 1` the gaps between
@@ -111,6 +111,7 @@ def main() -> None:
                     "28-token chunks, 1,8,32 for 78)")
     ap.add_argument("--reuse-results", action="store_true", help="compute each distinct call once (see above)")
     ap.add_argument("--clients", default="threads", choices=bench.CLIENTS, help="as c2w bench --serve --clients")
+    ap.add_argument("--ahead", type=int, default=0, help="as c2w bench --serve --ahead")
     a = ap.parse_args()
     torch.set_num_threads(1)
     built = [int(b) for b in (a.built or ("1,8" if a.chunk_tokens == 28 else "1,8,32")).split(",")]
@@ -136,10 +137,11 @@ def main() -> None:
         row = bench.run_level(rt, srv, a.n, P=P, chunk_tokens=a.chunk_tokens, steady_chunks=a.chunks,
                               stagger_ms=20.0 * a.scale,
                               arrival="fixed", seed=0, check_streams=0, token_rate=a.token_rate / a.scale,
-                              clients=a.clients)
+                              clients=a.clients, ahead=a.ahead)
     h200 = lambda d: "%.1f / %.1f" % (d["p50"] / a.scale, d["p95"] / a.scale)  # noqa: E731
     late = [stalls(lg["chunks"], a.scale) for lg in logs["logs"]]
     print(f"N={a.n}, {'paced at %g tokens/s' % a.token_rate if a.token_rate else 'closed loop'}, {a.clients} clients, "
+          f"{a.ahead} chunk(s) ahead, "
           f"built B = {built}; H200 ms, p50 / p95")
     print(f"  time to first audio {h200(row['ttfa_ms'])}, set-up {h200(row['setup_ms'])}")
     print(f"  first chunk {h200(row['first_chunk_ms'])}, steady chunk {h200(row['steady_chunk_ms'])}")

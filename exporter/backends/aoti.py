@@ -27,6 +27,7 @@ import difflib
 import json
 import os
 import shutil
+import time
 import zipfile
 from pathlib import Path
 
@@ -128,12 +129,14 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
     `overrides`: Inductor configs added to the build (None: read C2W_AOTI_INDUCTOR); the exporter
     passes the ones it put in the artifact's identity. `cxx`: the compiler (None: aoti_compiler())."""
     extra = {}
+    t0 = time.perf_counter()
     variant = SPECS[key.component].export_variant
     if variant is not None:
         unit = variant.build(model).eval()
         inputs = variant.inputs(model.cfg, inputs)
         extra.update(variant.extra(model.cfg))
     ep = torch.export.export(unit, tuple(inputs), strict=False)
+    exported = time.perf_counter()
     # Constants the export lifted from tensors built in forward (HiFT's shape-specific
     # interpolation tables) have no counterpart in the eager model, and the compiled model renames
     # them per device (`_tensor_constant<i>_cuda0`, plus copies it derives): such a unit keeps ALL
@@ -157,7 +160,8 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
             raise RuntimeError(f"{bad} link libstdc++ statically (compiler {cxx}); such packages crash at load. "
                                "Set the profile's aoti.cxx (or C2W_AOTI_CXX) to a g++ that links it "
                                "dynamically (e.g. /usr/bin/g++).")
-    return {**extra, "lifted_constants": len(lifted), "cxx": cxx}
+    phases = {"export": exported - t0, "compile": time.perf_counter() - exported}   # compile: Inductor + C++ + package
+    return {**extra, "lifted_constants": len(lifted), "cxx": cxx, "build_phases": phases}
 
 
 class AOTIBuilder(Builder):

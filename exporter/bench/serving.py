@@ -6,7 +6,9 @@ chunk): the first chunk is submitted once the prompt is set up, each next one as
 previous one's PCM is back (closed loop: the GPU is never idle) or, with `token_rate`, not before
 the LLM would have produced its tokens (paced: after the first chunk, `token_rate` tokens per
 second per stream; a chunk after the first brings N - 3 new tokens, its first 3 being the
-previous chunk's lookahead, so 25 is real time). Time to first audio counts from `open_stream`.
+previous chunk's lookahead, so 25 is real time). With `ahead` K a client keeps K more chunks
+submitted than the one it waits for (the LLM's tokens are there before the audio: the server
+never waits for a client's round trip). Time to first audio counts from `open_stream`.
 Reports time to first audio, chunk latencies, listener stalls (a listener who starts playing at
 the first chunk's arrival and plays each chunk as it comes waits whenever a chunk arrives after
 the audio before it has played out), aggregate and steady-phase audio-s/s, the batch sizes the
@@ -23,6 +25,7 @@ import asyncio
 import random
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -90,10 +93,13 @@ def direct_reference(rt, B: int, P: int, chunk_tokens: int, reps: int) -> dict:
 
 
 async def _client(server, ins, arrive_at: float, t_start: float, log: dict, token_rate: float = 0.0,
-                  in_loop: bool = False, lookahead: int = 3) -> None:
+                  in_loop: bool = False, lookahead: int = 3, ahead: int = 0) -> None:
     """One synthetic session. in_loop: the client shares an event loop with the others (awaits the
     server's futures); else it has a thread and a loop of its own and blocks on them. lookahead:
-    a non-final chunk's last tokens, which the next chunk starts with (cfg.encoder.pre_lookahead)."""
+    a non-final chunk's last tokens, which the next chunk starts with (cfg.encoder.pre_lookahead).
+    ahead: chunks the client keeps submitted beyond the one whose audio it waits for (0: the next
+    chunk goes in once the last one's audio is back; 1: it is already queued, as when the LLM's
+    tokens are there before the audio). A chunk is done when its future resolves (timed there)."""
     async def pause(seconds: float) -> None:
         await asyncio.sleep(seconds) if in_loop else time.sleep(seconds)
 
@@ -105,19 +111,31 @@ async def _client(server, ins, arrive_at: float, t_start: float, log: dict, toke
     h = server.open_stream(*ins[:3])
     await result(h.ready)                       # the prompt is set up (or copied from the voice cache)
     log["setup_ms"] = (time.perf_counter() - t_open) * 1e3
+    pending = deque()                           # (i, tokens, last, t_submit, future, [t_done])
+
+    async def collect() -> None:
+        j, tok, last, t0, fut, done = pending.popleft()
+        pcm = await result(fut)
+        log["chunks"].append({"i": j, "t_submit": t0, "t_done": done[0], "samples": int(pcm.shape[0]),
+                              "tokens": int(tok.shape[0]), "last": last})
+        if j == 0:
+            log["ttfa_ms"] = (done[0] - t_open) * 1e3
+        log["pcm"].append(pcm)
+
     t_first, new_tokens = time.perf_counter(), 0
     for j, (tok, last) in enumerate(ins[3]):
         if token_rate and j:                    # paced: its tokens exist only from then on
             new_tokens += int(tok.shape[0]) - lookahead
             await pause(max(0.0, t_first + new_tokens / token_rate - time.perf_counter()))
+        while len(pending) > ahead:
+            await collect()
+        done: list[float] = []
         t0 = time.perf_counter()
-        pcm = await result(server.submit(h, tok, last=last))
-        t1 = time.perf_counter()
-        log["chunks"].append({"i": j, "t_submit": t0, "t_done": t1, "samples": int(pcm.shape[0]),
-                              "tokens": int(tok.shape[0]), "last": last})
-        if j == 0:
-            log["ttfa_ms"] = (t1 - t_open) * 1e3
-        log["pcm"].append(pcm)
+        fut = server.submit(h, tok, last=last)
+        fut.add_done_callback(lambda f, done=done: done.append(time.perf_counter()))
+        pending.append((j, tok, last, t0, fut, done))
+    while pending:
+        await collect()
 
 
 CLIENTS = ("threads", "asyncio")
@@ -125,9 +143,10 @@ CLIENTS = ("threads", "asyncio")
 
 def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: int, stagger_ms: float,
               arrival: str, seed: int, check_streams: int, voices: int = 0, token_rate: float = 0.0,
-              clients: str = "threads") -> dict:
+              clients: str = "threads", ahead: int = 0) -> dict:
     """One concurrency level. clients: "threads" (a thread per client, blocking on its futures)
-    or "asyncio" (every client a coroutine of one event loop, as in an asyncio server)."""
+    or "asyncio" (every client a coroutine of one event loop, as in an asyncio server); ahead:
+    chunks each client keeps queued beyond the one it waits for (`_client`)."""
     cfg = rt.model.cfg
     rng = random.Random(seed + N)
     offsets, t = [], 0.0
@@ -142,7 +161,7 @@ def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: i
     before_units, before_srv = rt.stats(), server.stats()
     t_start = time.perf_counter() + 0.05
     sessions = [_client(server, ins[i], offsets[i], t_start, logs[i], token_rate, in_loop=clients == "asyncio",
-                        lookahead=cfg.encoder.pre_lookahead) for i in range(N)]
+                        lookahead=cfg.encoder.pre_lookahead, ahead=ahead) for i in range(N)]
     if clients == "asyncio":
         async def together():
             await asyncio.gather(*sessions)
@@ -239,7 +258,8 @@ def solo_check(rt, ins, served) -> dict:
 def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: int = 28, steady_chunks: int = 8,
                   stagger_ms: float = 20.0, arrival: str = "fixed", max_wait_ms: float = 2.0, voices: int = 0,
                   lanes: int = 1, token_rate: float = 0.0, check_streams: int = 2, reps: int = 10, seed: int = 0,
-                  save=lambda res: None, cuda_graphs: bool | None = None, clients: str = "threads") -> dict:
+                  save=lambda res: None, cuda_graphs: bool | None = None, clients: str = "threads",
+                  ahead: int = 0) -> dict:
     from c2w import runtime
     from c2w.exporter.bench.engines import _commit
     rt = runtime.load(artifact_dir, cuda_graphs=cuda_graphs)
@@ -249,7 +269,7 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "chunk_tokens": chunk_tokens, "steady_chunks": steady_chunks, "arrival": arrival,
            "stagger_ms": stagger_ms, "max_wait_ms": max_wait_ms, "voices": voices, "lanes": lanes,
-           "token_rate": token_rate, "clients": clients, "prompt_frames": P, "levels": []}
+           "token_rate": token_rate, "clients": clients, "ahead": ahead, "prompt_frames": P, "levels": []}
     largest = max(concurrency)
     cfg = rt.model.cfg
     steady = (cfg.up_rate * (chunk_tokens - cfg.encoder.pre_lookahead), P + 100)     # the steady CFM (T, L)
@@ -266,7 +286,7 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
         for N in concurrency:
             row = run_level(rt, server, N, P=P, chunk_tokens=chunk_tokens, steady_chunks=steady_chunks,
                             stagger_ms=stagger_ms, arrival=arrival, seed=seed, check_streams=min(check_streams, N),
-                            voices=voices, token_rate=token_rate, clients=clients)
+                            voices=voices, token_rate=token_rate, clients=clients, ahead=ahead)
             res["levels"].append(row)
             save(res)
             print(f"  N={N}: ttfa p95 {row['ttfa_ms']['p95']:.1f} ms, steady p95 {row['steady_chunk_ms']['p95']:.1f} ms, "
@@ -308,6 +328,8 @@ def to_markdown(res: dict) -> str:
              + (f"clients paced at {res['token_rate']:g} tokens/s after the first chunk, " if res.get("token_rate")
                 else "closed-loop clients, ")
              + ("all in one asyncio event loop, " if res.get("clients") == "asyncio" else "a thread each, ")
+             + (f"each keeping {res['ahead']} chunk(s) queued beyond the one it waits for (its latencies include "
+                "that wait), " if res.get("ahead") else "")
              + (f"{res['voices']} voices shared by the streams." if res.get("voices") else "a prompt of its own per stream."),
              "",
              f"Direct `Runtime.step`, B=1: first chunk {ref1['first_ms']:.1f} ms, steady p50 "

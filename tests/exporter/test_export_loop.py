@@ -199,6 +199,12 @@ def test_interrupted_export_keeps_what_it_built_and_resume_builds_only_the_rest(
     for key in KEYS[backend]:
         e = entries[key]
         assert e.parity.passed and file_problem(out, e.artifact, e.artifact_bytes, e.artifact_sha256) is None
+    # where the second key's build time went: the builder's phases (AOTI times its own) and verification,
+    # which the key's build_seconds include
+    phases = entries[second_key].extra["build_phases"]
+    assert set(phases) == ({"export", "compile", "verify"} if backend == "aoti" else {"verify"})
+    assert all(v >= 0 for v in phases.values()) and phases["verify"] > 0
+    assert entries[second_key].build_seconds >= sum(phases.values()) - 0.05
     assert kept.stat().st_mtime_ns == kept_stat.st_mtime_ns and kept.stat().st_ino == kept_stat.st_ino
 
     # complete: another run builds nothing

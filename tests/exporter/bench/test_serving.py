@@ -85,6 +85,45 @@ def test_paced_client_submits_no_chunk_before_its_tokens_exist(in_loop):
     assert srv.t[1] - srv.t[0] < new[1] / rate + 0.05           # and not much later (loose: a loaded CPU)
 
 
+@pytest.mark.parametrize("ahead", [0, 1, 2])
+def test_a_client_keeps_ahead_chunks_queued_beyond_the_one_it_waits_for(ahead):
+    """With `ahead` K, a client never has more than K + 1 chunks submitted and not yet resolved,
+    and has exactly that many while the server holds its results back; a chunk counts as done
+    when its future resolves, not when the client gets round to it."""
+    import threading
+    from concurrent.futures import Future
+    from c2w.exporter.bench.serving import _client
+
+    class Server:
+        def __init__(self):
+            self.open, self.most, self.resolved = [], 0, {}
+
+        def open_stream(self, *prompt):
+            f = Future()
+            f.set_result(None)
+            return types.SimpleNamespace(ready=f)
+
+        def submit(self, handle, tokens, last=False):
+            f = Future()
+            self.open.append(f)
+            self.most = max(self.most, sum(not g.done() for g in self.open))
+            threading.Timer(0.03, self.resolve, (f, len(self.open) - 1)).start()
+            return f
+
+        def resolve(self, f, i):
+            self.resolved[i] = time.perf_counter()
+            f.set_result(torch.zeros(10))
+
+    n = 6
+    ins = (None, None, None, [(torch.zeros(28, dtype=torch.long), i == n - 1) for i in range(n)])
+    srv, log = Server(), {"chunks": [], "pcm": []}
+    asyncio.run(_client(srv, ins, 0.0, time.perf_counter(), log, ahead=ahead))
+    assert [c["i"] for c in log["chunks"]] == list(range(n)) and len(log["pcm"]) == n
+    assert srv.most == ahead + 1
+    for c in log["chunks"]:                  # timed when resolved (the timer thread), within a loaded CPU's slack
+        assert srv.resolved[c["i"]] <= c["t_done"] < srv.resolved[c["i"]] + 0.01
+
+
 def test_listener_stalls_count_chunks_that_arrive_after_the_audio_before_them_played_out():
     """One second of audio per chunk: a chunk arriving within the audio already delivered is on
     time; one arriving 0.3 s after the audio ran out is a 300 ms stall, and playback resumes from
