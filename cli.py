@@ -146,6 +146,9 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
                                                  help="with --shard, for parallel shards on one GPU: keep built keys "
                                                       "by their estimates; c2w merge measures the memory"),
            dry_run: bool = typer.Option(False, "--dry-run", help="plan (and for tensorrt: check the ONNX graphs) only"),
+           threads: Optional[int] = typer.Option(None, help="PyTorch threads of this process (default: 1 for a cuda "
+                                                 "profile, so that many shards on one machine do not oversubscribe "
+                                                 "its cores; one per core for a cpu profile)"),
            verbose: bool = typer.Option(False, "--verbose", "-v")):
     """Export every selected key of the profile as a verified exact-shape artifact."""
     from c2w.exporter.export import ExportInterrupted, dry_run_summary, export_profile
@@ -172,7 +175,7 @@ def export(profile: str = typer.Option(..., "--profile", "-p", help="profile YAM
                               markup=False, soft_wrap=True)
         try:
             res = export_profile(p, out, dry_run=dry_run, shard=shard_k_n, measure=not measure_at_merge,
-                                 on_progress=progress)
+                                 on_progress=progress, threads=threads)
         except ExportInterrupted as e:
             bar.stop()
             err.print(str(e), highlight=False, markup=False)

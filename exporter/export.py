@@ -80,6 +80,20 @@ class ExportInterrupted(KeyboardInterrupt):
         self.built, self.planned = built, planned
 
 
+def export_threads(profile: Profile, requested: int | None = None) -> int | None:
+    """PyTorch's intra-op threads for an export: `requested`, else 1 on CUDA, else None (torch's
+    own, one per core). On CUDA the host only sets the model up and compiles, and each process
+    of N shards on one machine would otherwise start a thread per core: 26 shards on the H200's
+    16 cores took 155 s to set the model up with torch's default against 18 s with one thread
+    each (benchmarks/h200/results/setup_contention, docs/ci.md)."""
+    if requested is not None:
+        if requested < 1:
+            raise C2WUserError("--threads", requested, "1 or more PyTorch threads for the export",
+                               "Leave it out for the default (1 on CUDA, one per core on the CPU).")
+        return requested
+    return 1 if profile.device.startswith("cuda") else None
+
+
 def prepare_model(profile: Profile) -> tuple[Code2Wav, torch.device]:
     """The profile's model on its device at its precision (TF32 set as it says)."""
     device = torch.device(profile.device)
@@ -105,17 +119,21 @@ def _in_shard(i: int, shard: tuple[int, int]) -> bool:
 
 
 def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, shard: tuple[int, int] = (1, 1),
-                   measure: bool = True, on_progress: Callable[[str, int, int], None] | None = None) -> ExportResult:
+                   measure: bool = True, on_progress: Callable[[str, int, int], None] | None = None,
+                   threads: int | None = None) -> ExportResult:
     """Export every selected key of `profile` into `out_dir` (see the module docstring); with
     `dry_run`, plan (on the CPU) and run the builder's checks only; with `measure=False` (a shard
     next to others on its GPU), keep built keys by their estimates and leave the memory
     measurement to `c2w merge`. `on_progress(doing, i, n)` is called before the i-th of n
-    artifacts. Disk full, read-only or forbidden directory: C2WUserError; what was built stays
+    artifacts. `threads`: PyTorch's intra-op threads (`export_threads`). Disk full, read-only or forbidden directory: C2WUserError; what was built stays
     listed."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise C2WUserError("--out", f"'{out_dir}' (an existing file)", "a directory, existing or new",
                            "Name a directory for the artifacts.")
+    n_threads = export_threads(profile, threads)
+    if n_threads is not None:
+        torch.set_num_threads(n_threads)
     try:
         return _export(profile, out_dir, dry_run, shard, measure, on_progress)
     except OSError as e:
