@@ -20,7 +20,7 @@ from c2w.runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
 class PlannedKey:
     key: ShapeKey
     category: str                 # first | steady | setup | tail | extra
-    est_bytes: int                # per-key device bytes (I/O + workspace), weights excluded
+    est_bytes: int                # per-key resident device bytes, eager weights excluded (estimate_bytes)
     selected: bool = False
     calls_per_session: float | None = None    # with traffic: expected calls of this key per session
     saved_ms_per_call: float | None = None    # with traffic: eager minus engine ms
@@ -52,13 +52,48 @@ class Plan:
         return weights + sum(e.est_bytes for e in self.selected)
 
 
-def estimate_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
-    """Per-key device bytes, weights excluded: inputs + outputs (about the inputs' size, caches
-    grow by T frames) + a workspace as large as the largest input. A planning estimate only:
-    the manifest records the measured number after the build."""
+def estimate_bytes(cfg: ModelConfig, key: ShapeKey, backend: str = "", device: str = "cpu",
+                   weights: dict[str, int] | None = None) -> int:
+    """Per-key device bytes, the eager weights excluded: what the key keeps resident once loaded
+    and run (the quantity runtime.memory measures). AOTInductor on CUDA: `aoti_cuda_bytes`.
+    Otherwise inputs + outputs (about the inputs' size, caches grow by T frames) + a workspace as
+    large as the largest input. A planning estimate only: the export measures every key it keeps."""
+    if backend == "aoti" and device.startswith("cuda"):
+        return aoti_cuda_bytes(cfg, key, weights or {})
     spec = SPECS[key.component]
     sizes = [tensor_bytes(shape, dt) for shape, dt in zip(spec.input_shapes(cfg, key), spec.input_dtypes(key))]
     return 2 * sum(sizes) + max(sizes)
+
+
+# AOTInductor on CUDA, fitted to the 26 keys of benchmarks/serving/results/run8/manifest.json (H200,
+# torch 2.11, each key measured next to the ones before it; docs/budget.md): a loaded package's
+# own device memory (its kernels) is ~34 MiB; a key captured in CUDA graphs (runtime.engines.aoti:
+# one graph's inputs within GRAPH_MAX_BYTES) adds its static inputs and outputs and its share of
+# the graph pool, together ~3x the graph's inputs; HiFT's package holds its own weights, and its
+# graph's intermediates (the upsampled signal) need ~1,000 bytes per output sample.
+AOTI_PACKAGE_BYTES = 34 << 20
+AOTI_GRAPH_BASE_BYTES = 20 << 20
+AOTI_GRAPH_INPUT_FACTOR = 3
+HIFT_GRAPH_BYTES_PER_SAMPLE = 1000
+
+
+def aoti_cuda_bytes(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int]) -> int:
+    """An AOTInductor key's resident device bytes on CUDA (the constants above). An engine too
+    large to capture keeps nothing resident but its package: its outputs are fresh per call.
+    weights: per-component weight bytes (HiFT's package carries its own copy)."""
+    from c2w.runtime.engines.aoti import GRAPH_MAX_BYTES, step_graph_inputs
+    spec = SPECS[key.component]
+    shapes, dtypes = list(spec.input_shapes(cfg, key)), list(spec.input_dtypes(key))
+    if spec.export_variant is not None and spec.export_variant.extra(cfg).get("cfm_step"):
+        shapes, dtypes = step_graph_inputs(shapes, dtypes)
+    graph_in = sum(tensor_bytes(s, d) for s, d in zip(shapes, dtypes))
+    if graph_in > GRAPH_MAX_BYTES:
+        return AOTI_PACKAGE_BYTES
+    if key.component == "hift":
+        samples = key.dim("B") * key.dim("F") * cfg.hift.samples_per_frame
+        return (max(AOTI_PACKAGE_BYTES, AOTI_GRAPH_BASE_BYTES + 2 * graph_in) + weights.get("hift", 0)
+                + HIFT_GRAPH_BYTES_PER_SAMPLE * samples)
+    return max(AOTI_PACKAGE_BYTES, AOTI_GRAPH_BASE_BYTES + AOTI_GRAPH_INPUT_FACTOR * graph_in)
 
 
 def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
@@ -105,7 +140,7 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
         if key not in first_cat or rank[cat] < rank[first_cat[key]]:
             first_cat[key] = cat
     by_priority = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dim("B"), k.component, k.dims))
-    est = {k: estimate_bytes(cfg, k) for k in by_priority}
+    est = {k: estimate_bytes(cfg, k, profile.backend, profile.device, weights) for k in by_priority}
     if profile.traffic is None:
         chosen = _fill(by_priority, est, weights, profile.budget_bytes, shares_weights)
         plan = Plan([PlannedKey(k, first_cat[k], est[k], chosen[k]) for k in by_priority], weights,

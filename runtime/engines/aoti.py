@@ -75,10 +75,13 @@ def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.
     """Shapes and dtypes of what one CUDA graph of this artifact takes: the unit's inputs, or for
     a CFM step package ONE step's (mu, spk, cond, x, cnn and att caches of that step, t, dt)."""
     shapes, dtypes = [tuple(s) for s in info.input_shapes], [torch_dtype(d) for d in info.input_dtypes]
-    if (info.extra or {}).get("cfm_step"):
-        shapes = shapes[:4] + [s[1:] for s in shapes[4:6]] + [(1,), (1,)]
-        dtypes = dtypes + [torch.float32] * 2
-    return shapes, dtypes
+    return step_graph_inputs(shapes, dtypes) if (info.extra or {}).get("cfm_step") else (shapes, dtypes)
+
+
+def step_graph_inputs(shapes: list, dtypes: list) -> tuple[list, list]:
+    """The CFM unit's input shapes and dtypes -> one Euler step's (its graph's inputs)."""
+    return [tuple(s) for s in shapes[:4]] + [tuple(s[1:]) for s in shapes[4:6]] + [(1,), (1,)], \
+        list(dtypes) + [torch.float32] * 2
 
 
 def nbytes(shapes, dtypes) -> int:
