@@ -37,7 +37,9 @@ from c2w.runtime.serving import StreamServer
 
 # H200 wall ms per call (run 7: set-up on its engines; chunks of 28 tokens at B=1 / B=8 and of 78
 # tokens at B=32; a 78-token chunk at B=1 or B=8 has no engine there and is given the B=32 time)
-CALL_MS = {"setup": 25.0, 28: {1: 18.2, 8: 32.6}, 78: {32: 134.3}}
+CALL_MS = {"setup": {1: 25.0}, 28: {1: 18.2, 8: 32.6}, 78: {32: 134.3}}
+# A set-up at B=8 has not been measured: --setup-ms gives its time (the CFM over the prompt at
+# B=8 solves 8 x 300 frames, between a B=8 28-token chunk's 400 and a B=32 78-token chunk's 4,800)
 STATE_FIELDS = ("conformer_cnn", "conformer_att", "estimator_cnn", "estimator_att", "hift_mel", "hift_source",
                 "hift_speech")
 
@@ -112,13 +114,17 @@ def main() -> None:
     ap.add_argument("--reuse-results", action="store_true", help="compute each distinct call once (see above)")
     ap.add_argument("--clients", default="threads", choices=bench.CLIENTS, help="as c2w bench --serve --clients")
     ap.add_argument("--ahead", type=int, default=0, help="as c2w bench --serve --ahead")
+    ap.add_argument("--setup-built", default="1", help="batch sizes with set-up engines (e.g. 1,8)")
+    ap.add_argument("--setup-ms", type=float, default=40.0, help="H200 ms of a set-up above B=1 (not measured)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     built = [int(b) for b in (a.built or ("1,8" if a.chunk_tokens == 28 else "1,8,32")).split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         rt = runtime.load(tmp, model=small_model(Path(tmp)))      # no manifest: every call eager
     d = rt.driver
-    d.setup = paced(d.setup, lambda *x: CALL_MS["setup"], a.scale)
+    setup_built = [int(b) for b in a.setup_built.split(",")]
+    CALL_MS["setup"].update({b: a.setup_ms for b in setup_built if b > 1})
+    d.setup = paced(d.setup, lambda tokens, *x: CALL_MS["setup"].get(tokens.shape[0], a.setup_ms), a.scale)
     calls = []                  # (batch, start, end) of every chunk call, perf_counter seconds
     step = paced(reusing(d.step) if a.reuse_results else d.step, chunk_ms, a.scale)
 
@@ -128,7 +134,7 @@ def main() -> None:
         calls.append((tokens.shape[0], t0, time.perf_counter()))
         return out
     d.step = logged
-    StreamServer._built_sizes = lambda self, s, r: [1] if r.kind == "setup" or r.last else built
+    StreamServer._built_sizes = lambda self, s, r: setup_built if r.kind == "setup" else [1] if r.last else built
     logs = {}
     summarize = bench.summarize_level
     bench.summarize_level = lambda cfg, N, ins, lg, *rest: (logs.setdefault("logs", lg), summarize(cfg, N, ins, lg, *rest))[1]
@@ -141,7 +147,8 @@ def main() -> None:
     h200 = lambda d: "%.1f / %.1f" % (d["p50"] / a.scale, d["p95"] / a.scale)  # noqa: E731
     late = [stalls(lg["chunks"], a.scale) for lg in logs["logs"]]
     print(f"N={a.n}, {'paced at %g tokens/s' % a.token_rate if a.token_rate else 'closed loop'}, {a.clients} clients, "
-          f"{a.ahead} chunk(s) ahead, "
+          f"{a.ahead} chunk(s) ahead, set-ups at B = {setup_built}"
+          + (f" ({a.setup_ms:g} ms above B=1, assumed)" if max(setup_built) > 1 else "") + ", "
           f"built B = {built}; H200 ms, p50 / p95")
     print(f"  time to first audio {h200(row['ttfa_ms'])}, set-up {h200(row['setup_ms'])}")
     print(f"  first chunk {h200(row['first_chunk_ms'])}, steady chunk {h200(row['steady_chunk_ms'])}")
