@@ -80,9 +80,10 @@ class ExportInterrupted(KeyboardInterrupt):
         self.built, self.planned = built, planned
 
 
-def export_threads(profile: Profile, requested: int | None = None) -> int | None:
-    """PyTorch's intra-op threads for an export: `requested`, else 1 on CUDA, else None (torch's
-    own, one per core). On CUDA the host only sets the model up and compiles, and each process
+def export_threads(profile: Profile, requested: int | None = None, dry_run: bool = False) -> int | None:
+    """PyTorch's intra-op threads for an export: `requested`, else 1 on CUDA (not for a dry run,
+    which runs on the CPU), else None (torch's own, one per core). On CUDA the host only sets the
+    model up and compiles, and each process
     of N shards on one machine would otherwise start a thread per core: 26 shards on the H200's
     16 cores took 155 s to set the model up with torch's default against 18 s with one thread
     each (benchmarks/h200/results/setup_contention, docs/ci.md)."""
@@ -91,7 +92,7 @@ def export_threads(profile: Profile, requested: int | None = None) -> int | None
             raise C2WUserError("--threads", requested, "1 or more PyTorch threads for the export",
                                "Leave it out for the default (1 on CUDA, one per core on the CPU).")
         return requested
-    return 1 if profile.device.startswith("cuda") else None
+    return 1 if profile.device.startswith("cuda") and not dry_run else None
 
 
 def prepare_model(profile: Profile) -> tuple[Code2Wav, torch.device]:
@@ -125,13 +126,13 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
     `dry_run`, plan (on the CPU) and run the builder's checks only; with `measure=False` (a shard
     next to others on its GPU), keep built keys by their estimates and leave the memory
     measurement to `c2w merge`. `on_progress(doing, i, n)` is called before the i-th of n
-    artifacts. `threads`: PyTorch's intra-op threads (`export_threads`). Disk full, read-only or forbidden directory: C2WUserError; what was built stays
-    listed."""
+    artifacts. `threads`: PyTorch's intra-op threads while it runs (`export_threads`). Disk full,
+    read-only or forbidden directory: C2WUserError; what was built stays listed."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise C2WUserError("--out", f"'{out_dir}' (an existing file)", "a directory, existing or new",
                            "Name a directory for the artifacts.")
-    n_threads = export_threads(profile, threads)
+    n_threads, before = export_threads(profile, threads, dry_run), torch.get_num_threads()
     if n_threads is not None:
         torch.set_num_threads(n_threads)
     try:
@@ -142,6 +143,8 @@ def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, sh
         if err is None:
             raise
         raise err from None
+    finally:
+        torch.set_num_threads(before)
 
 
 def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, int], measure: bool,

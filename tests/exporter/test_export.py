@@ -440,14 +440,20 @@ def test_export_threads_are_one_on_cuda_and_torchs_own_on_the_cpu_unless_asked(m
     """Many shards of a CUDA export on one machine each start a PyTorch thread per core unless
     told otherwise (26 on 16 cores: 155 s to set the model up instead of 18 s): a cuda profile's
     export runs one thread, a cpu profile's keeps torch's default, --threads overrides both."""
+    from c2w.exporter import export as ex
     from c2w.exporter.export import export_threads
     from c2w.runtime.errors import C2WUserError
     p = small_profile()
     assert export_threads(p) is None and export_threads(dataclasses.replace(p, device="cuda")) == 1
     assert export_threads(dataclasses.replace(p, device="cuda:1")) == 1 and export_threads(p, 3) == 3
+    assert export_threads(dataclasses.replace(p, device="cuda"), dry_run=True) is None      # a dry run plans on the CPU
     with pytest.raises(C2WUserError, match=r"--threads: received 0; expected 1 or more"):
         export_threads(p, 0)
     set_to = []
     monkeypatch.setattr(torch, "set_num_threads", set_to.append)
     r = runner.invoke(app, ["export", "--profile", "cpu", "--threads", "0", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "--threads: received 0" in r.output and set_to == []
+    # the export's threads last as long as it does
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    monkeypatch.setattr(ex, "_export", lambda *a: "done")
+    assert export_profile(p, tmp_path / "o", threads=2) == "done" and set_to == [2, 7]

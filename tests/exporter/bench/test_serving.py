@@ -121,7 +121,7 @@ def test_a_client_keeps_ahead_chunks_queued_beyond_the_one_it_waits_for(ahead):
     assert [c["i"] for c in log["chunks"]] == list(range(n)) and len(log["pcm"]) == n
     assert srv.most == ahead + 1
     for c in log["chunks"]:                  # timed when resolved (the timer thread), within a loaded CPU's slack
-        assert srv.resolved[c["i"]] <= c["t_done"] < srv.resolved[c["i"]] + 0.01
+        assert srv.resolved[c["i"]] <= c["t_done"] < srv.resolved[c["i"]] + 0.02
 
 
 def test_listener_stalls_count_chunks_that_arrive_after_the_audio_before_them_played_out():
