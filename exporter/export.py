@@ -153,7 +153,6 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
     if not dry_run:
         builder.backend.require()           # fail fast, before minutes of export
     progress = on_progress or (lambda doing, i, n: None)
-    progress(f"setting up the model on {'cpu' if dry_run else profile.device}", 0, 0)
     model, device = prepare_model(dataclasses.replace(profile, device="cpu") if dry_run else profile)
     plan = make_plan(model.cfg, profile, precision_weights(model, profile), shares_weights=True)
     require_selection(plan, profile.source)
@@ -170,7 +169,7 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
     groups = artifact_groups(builder, plan, every_key=True)
     if (out_dir / MANIFEST).is_file():
         run.read_previous()
-    progress("identifying the keys (model ready)", 0, len(groups))
+    progress("identifying the keys (the model is set up)", 0, len(groups))   # its time: the model's set-up
     units = {name: run.identify(pks) for name, pks in groups}      # each key's unit, built once
     reusable = {name for name, pks in groups if run.reuse(pks)}     # any shard's: the directory may be shared
     (out_dir / profile.backend).mkdir(parents=True, exist_ok=True)
