@@ -251,3 +251,42 @@ def serve_dir(tmp_path_factory):
     assert res.failed == 0 and res.built == 8 + len(STEADY_B3) + len(SETUP_B1), \
         [e.error for e in res.manifest.entries if e.error]
     return root / "cpu"
+
+
+class _ProgramRunner:
+    """What `torch._inductor.aoti_load_package` returns, for a stand-in package that is a saved
+    ExportedProgram. Like a real package built without its constants, it refuses to run before
+    `load_constants` binds them, and then runs with exactly the tensors bound."""
+
+    def __init__(self, path, run_single_threaded: bool = False, device_index: int = -1):
+        flags = {"c2w_constants_in_so": ""}
+        self.program = torch.export.load(path, extra_files=flags)
+        self.module = self.program.module()
+        self.bound = {} if flags["c2w_constants_in_so"] == "1" else None
+
+    def get_constant_fqns(self) -> list[str]:
+        return [*self.program.state_dict, *self.program.constants]
+
+    def load_constants(self, table, check_full_update: bool, user_managed: bool) -> None:
+        assert user_managed and set(table) == set(self.get_constant_fqns())
+        self.bound = dict(table)
+
+    def __call__(self, *args):
+        if self.bound is None:
+            raise RuntimeError("run before its constants were bound (a real package crashes here)")
+        return torch.func.functional_call(self.module, self.bound, args)
+
+
+@pytest.fixture
+def aoti_without_compile(monkeypatch):
+    """AOTI builds and loads without Inductor's C++ compile (~3 minutes of C++ a package on 2 cores):
+    the builder's own code runs (torch.export, configs, the static-libstdc++ check) and the
+    "package" is the ExportedProgram, saved; the runtime's AOTI loader loads it through
+    `_ProgramRunner`, which runs it with the constants the loader binds. Parity is then a real
+    comparison of what was saved against eager; it says nothing about Inductor's kernels."""
+    def compile_and_package(ep, package_path, inductor_configs):
+        in_so = inductor_configs["aot_inductor.package_constants_in_so"]
+        torch.export.save(ep, package_path, extra_files={"c2w_constants_in_so": "1" if in_so else "0"})
+        return package_path
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", _ProgramRunner)

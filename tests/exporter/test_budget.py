@@ -142,13 +142,15 @@ def test_verify_and_report_flag_a_manifest_edited_over_its_budget(measured, tmp_
     total = good["measured"]["total_bytes"]
     assert "OVER BUDGET" not in render(read_manifest(d))
 
-    path.write_text(json.dumps({**good, "budget_bytes": total - 4 * MiB}))
+    # 8 MiB under: a fresh process measures the same directory within a few MiB of the recorded
+    # total (once more than 2 MiB lower, on 2 busy cores), and verify allows max(2 %, 2 MiB) of that
+    path.write_text(json.dumps({**good, "budget_bytes": total - 8 * MiB}))
     result = runner.invoke(app, ["verify", str(d)])
     out = " ".join(result.output.split())
     assert result.exit_code == 1, result.output
     assert "FAIL over budget: the keys as the manifest records them add up to" in out
     assert "FAIL over budget: the directory measured in a fresh process" in out
-    assert "4.0 MiB over" in out and "Re-run c2w export into this directory" in out
+    assert "8.0 MiB over" in out and "Re-run c2w export into this directory" in out
     assert "OVER BUDGET" in render(read_manifest(d)) and "**OVER BUDGET" in render(read_manifest(d), "markdown")
 
     # one key's recorded bytes edited up: the recorded check catches it (report, no measuring needed)

@@ -50,41 +50,6 @@ HIFT58, HIFT50 = "hift-B1-F58-S3840-float32", "hift-B1-F50-S0-float32"
 KEYS = {"onnxruntime": [ENC150, ENC200], "aoti": [ENC150, ENC200], "tensorrt": [HIFT58, HIFT50]}
 
 
-class _ProgramRunner:
-    """What `torch._inductor.aoti_load_package` returns, for a stand-in package that is a saved
-    ExportedProgram. Like a real package built without its constants, it refuses to run before
-    `load_constants` binds them, and then runs with exactly the tensors bound."""
-
-    def __init__(self, path, run_single_threaded: bool = False, device_index: int = -1):
-        flags = {"c2w_constants_in_so": ""}
-        self.program = torch.export.load(path, extra_files=flags)
-        self.module = self.program.module()
-        self.bound = {} if flags["c2w_constants_in_so"] == "1" else None
-
-    def get_constant_fqns(self) -> list[str]:
-        return [*self.program.state_dict, *self.program.constants]
-
-    def load_constants(self, table, check_full_update: bool, user_managed: bool) -> None:
-        assert user_managed and set(table) == set(self.get_constant_fqns())
-        self.bound = dict(table)
-
-    def __call__(self, *args):
-        if self.bound is None:
-            raise RuntimeError("run before its constants were bound (a real package crashes here)")
-        return torch.func.functional_call(self.module, self.bound, args)
-
-
-@pytest.fixture
-def aoti_without_compile(monkeypatch):
-    """AOTI builds and loads without Inductor's C++ compile (see the module docstring)."""
-    def compile_and_package(ep, package_path, inductor_configs):
-        in_so = inductor_configs["aot_inductor.package_constants_in_so"]
-        torch.export.save(ep, package_path, extra_files={"c2w_constants_in_so": "1" if in_so else "0"})
-        return package_path
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)
-    monkeypatch.setattr(torch._inductor, "aoti_load_package", _ProgramRunner)
-
-
 @pytest.fixture(scope="module")
 def command1_graphs(tmp_path_factory) -> tuple[Path, dict]:
     """Intact copies of the B=1 HiFT graphs and weights files command 1 exported into
