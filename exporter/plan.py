@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from c2w.exporter import traffic
 from c2w.exporter.sessions import stream_keys  # noqa: F401  (the planner's keys; callers import it from here)
+from c2w.runtime.engines.aoti import GRAPH_MAX_BYTES, nbytes, step_graph_inputs
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.config import ModelConfig
 from c2w.runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
@@ -81,12 +82,11 @@ def aoti_cuda_bytes(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int]) ->
     """An AOTInductor key's resident device bytes on CUDA (the constants above). An engine too
     large to capture keeps nothing resident but its package: its outputs are fresh per call.
     weights: per-component weight bytes (HiFT's package carries its own copy)."""
-    from c2w.runtime.engines.aoti import GRAPH_MAX_BYTES, step_graph_inputs
     spec = SPECS[key.component]
     shapes, dtypes = list(spec.input_shapes(cfg, key)), list(spec.input_dtypes(key))
     if spec.export_variant is not None and spec.export_variant.extra(cfg).get("cfm_step"):
         shapes, dtypes = step_graph_inputs(shapes, dtypes)
-    graph_in = sum(tensor_bytes(s, d) for s, d in zip(shapes, dtypes))
+    graph_in = nbytes(shapes, dtypes)
     if graph_in > GRAPH_MAX_BYTES:
         return AOTI_PACKAGE_BYTES
     if key.component == "hift":

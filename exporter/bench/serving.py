@@ -116,10 +116,13 @@ async def _client(server, ins, arrive_at: float, t_start: float, log: dict, toke
     async def collect() -> None:
         j, tok, last, t0, fut, done = pending.popleft()
         pcm = await result(fut)
-        log["chunks"].append({"i": j, "t_submit": t0, "t_done": done[0], "samples": int(pcm.shape[0]),
+        # a thread blocked on fut.result() can wake before the future runs its callbacks: then
+        # the result was set just now
+        t_done = done[0] if done else time.perf_counter()
+        log["chunks"].append({"i": j, "t_submit": t0, "t_done": t_done, "samples": int(pcm.shape[0]),
                               "tokens": int(tok.shape[0]), "last": last})
         if j == 0:
-            log["ttfa_ms"] = (done[0] - t_open) * 1e3
+            log["ttfa_ms"] = (t_done - t_open) * 1e3
         log["pcm"].append(pcm)
 
     t_first, new_tokens = time.perf_counter(), 0
