@@ -31,7 +31,8 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 # Part of every artifact's identity: bump it when artifacts built by an older c2w must be rebuilt.
 # Independent of FORMAT_VERSION: a manifest field changing does not change an artifact.
-ARTIFACT_FORMAT = 1
+# 2: a CFM step package takes the step's index (int64), not its time (the modulation is a table).
+ARTIFACT_FORMAT = 2
 MANIFEST = "manifest.json"
 
 

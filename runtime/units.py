@@ -103,15 +103,15 @@ class CFMUnit(nn.Module):
 
 
 class CFMStepUnit(nn.Module):
-    """One Euler step of the CFM unit (t, dt as (1,) float32 tensors): what the AOTI backend
-    compiles and replays n times (runtime.engines.aoti.EulerReplay)."""
+    """One Euler step of the CFM unit (the step's index as a (1,) int64 tensor, dt as a (1,) float32
+    one): what the AOTI backend compiles and replays n times (runtime.engines.aoti.EulerReplay)."""
 
     def __init__(self, model):
         super().__init__()
         self.solver = model.flow.solver()
 
-    def forward(self, mu, spk, cond, x, cnn_cache, att_cache, t, dt):
-        return self.solver.step(mu, spk, cond, x, cnn_cache, att_cache, t, dt)
+    def forward(self, mu, spk, cond, x, cnn_cache, att_cache, s, dt):
+        return self.solver.step(mu, spk, cond, x, cnn_cache, att_cache, s, dt)
 
 
 class HiftUnit(nn.Module):
@@ -254,11 +254,12 @@ HIFT_FLOAT16_RTOL = 8e-3
 
 
 def _cfm_step_inputs(cfg, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The CFM unit's inputs -> one Euler step's: the caches of step 0, t and dt as (1,) tensors."""
+    """The CFM unit's inputs -> one Euler step's: the caches of step 0, the step's index (int64) and
+    dt as (1,) tensors."""
     mu, spk, cond, x0, cnn, att = inputs
-    t = torch.zeros(1, dtype=torch.float32, device=mu.device)
+    s = torch.zeros(1, dtype=torch.int64, device=mu.device)
     dt = torch.full((1,), 0.1, dtype=torch.float32, device=mu.device)
-    return [mu, spk, cond, x0, cnn[0].contiguous(), att[0].contiguous(), t, dt]
+    return [mu, spk, cond, x0, cnn[0].contiguous(), att[0].contiguous(), s, dt]
 
 
 BATCH_RANGE = (1, 256)      # B of a graph with a dynamic batch

@@ -16,6 +16,7 @@ changes from dit_variants.py (packed q/k/v projection, one adaLN GEMM per step).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -70,7 +71,10 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="variant name for the output file")
     ap.add_argument("--attn", choices=("current", "legacy"), default="current",
                     help="legacy: the DiT attention before the att cache was written once")
-    ap.add_argument("--fuse", default="", help="comma-separated dit_variants.py variants, e.g. qkv,ada")
+    ap.add_argument("--fuse", default="", help="comma-separated dit_variants.py variants, e.g. qkv")
+    ap.add_argument("--triton-rows", type=int, default=0,
+                    help="build with c2w's fused Triton DiT kernels up to this many rows (runtime/model/fused.py); "
+                         "eager is timed without them")
     ap.add_argument("--phase", choices=("all", "build", "time"), default="all",
                     help="build: compile only (run several at once); time: reuse that build, then time "
                          "and profile (run one at a time: concurrent timings disturb each other)")
@@ -87,6 +91,7 @@ def main() -> None:
     flow = FlowModel(cfg)
     init_random_(flow, 0)
     flow.eval().to(dev)
+    flow32 = _Model(copy.deepcopy(flow), cfg)
     flow.decoder.estimator.half()
     flow.spk_embed_affine_layer.half()
     apply_variants(flow.decoder.estimator, a.fuse)
@@ -96,7 +101,8 @@ def main() -> None:
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
     # the variant switches are part of the name: a `--phase time` call must find ITS build
-    switches = (["legacy-attn"] if a.attn == "legacy" else []) + [f.strip() for f in a.fuse.split(",") if f.strip()]
+    switches = (["legacy-attn"] if a.attn == "legacy" else []) + [f.strip() for f in a.fuse.split(",") if f.strip()] \
+        + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
     name = "_".join([f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}", *switches, *([a.tag] if a.tag else [])])
     path = Path(f"/tmp/{name}.pt2")
     built = path.with_suffix(".build.json")
@@ -105,7 +111,11 @@ def main() -> None:
         extra, build_s = done["extra"], done["build_s"]
     else:
         t0 = time.time()
-        extra = build_aoti(model, unit, key, x, path)
+        flow.decoder.estimator.use_triton_kernels(a.triton_rows)
+        try:
+            extra = build_aoti(model, unit, key, x, path)
+        finally:
+            flow.decoder.estimator.use_triton_kernels(0)
         build_s = time.time() - t0
         built.write_text(json.dumps({"extra": extra, "build_s": build_s}))
         if a.phase == "build":
@@ -115,6 +125,7 @@ def main() -> None:
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
     res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn, "fuse": a.fuse,
+           "triton_rows": a.triton_rows,
            "inductor": extra.get("inductor", {}),
            "commit": os.environ.get("C2W_COMMIT", "unknown"), "build_s": round(build_s, 1)}
     with torch.inference_mode():
@@ -124,7 +135,14 @@ def main() -> None:
         res["eager_graph"] = timed(lambda: g(*x), dev, 3, a.reps)
         eng = AOTIBackend(cuda_graphs=True, graph_max_bytes=None).load(info, weights, dev)
         res["engine_graph"] = timed(lambda: eng.run(x), dev, 3, a.reps)
-        res["engine_graph"]["rel_l2"] = [rel_l2(o.float(), w.float()) for o, w in zip(eng.run(x), want)]
+        got = eng.run(x)
+        res["engine_graph"]["rel_l2"] = [rel_l2(o.float(), w.float()) for o, w in zip(got, want)]
+        # the bar of issue #15: the engine's mel against the float32 model's, as an SNR
+        unit32 = spec.build(flow32, key).eval()
+        mel32 = unit32(*[t.float() if t.is_floating_point() else t for t in x])[0]
+        res["mel_snr_db_vs_fp32"] = float(10 * torch.log10(mel32.pow(2).sum() / (got[0].float() - mel32).pow(2).sum()))
+        res["eager_mel_snr_db_vs_fp32"] = float(10 * torch.log10(mel32.pow(2).sum() / (want[0].float() - mel32).pow(2).sum()))
+        del unit32, mel32
         plain = AOTIBackend(cuda_graphs=False).load(info, weights, dev)
         res["engine"] = timed(lambda: plain.run(x), dev, 3, a.reps)
         from torch.profiler import ProfilerActivity, profile
@@ -152,7 +170,8 @@ def main() -> None:
     print(f"{a.tag or 'default'} B={a.batch} T={a.T} depth={a.depth}: eager {res['eager']['median_ms']:.2f} ms, eager+graph "
           f"{res['eager_graph']['median_ms']:.2f}, engine {res['engine']['median_ms']:.2f}, engine+graphs "
           f"{res['engine_graph']['median_ms']:.2f}; {p['kernels_per_solve']} kernels/solve, kernel time "
-          f"{p['kernel_ms_per_solve']:.2f} ms, mean {p['mean_kernel_us']:.1f} us; build {build_s:.0f} s", flush=True)
+          f"{p['kernel_ms_per_solve']:.2f} ms, mean {p['mean_kernel_us']:.1f} us; build {build_s:.0f} s; mel SNR vs fp32 "
+          f"{res['mel_snr_db_vs_fp32']:.1f} dB (eager fp16 {res['eager_mel_snr_db_vs_fp32']:.1f})", flush=True)
     for t in p["top"][:8]:
         print(f"   {t['count']:5d} x  {t['ms']:7.3f} ms  {t['name']}")
 

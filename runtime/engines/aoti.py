@@ -46,7 +46,7 @@ class EulerReplay:
     def __init__(self, step, n_steps: int, device: torch.device):
         self.step = step
         ts, dts = euler_schedule(n_steps)
-        self.t = [torch.tensor([v], dtype=torch.float32, device=device) for v in ts]
+        self.s = [torch.tensor([s], dtype=torch.int64, device=device) for s in range(len(ts))]
         self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
 
     def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache):
@@ -55,8 +55,8 @@ class EulerReplay:
         x = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)
         cnn_out, att_out = torch.empty_like(cnn_cache), att_cache.new_empty(att_shape)
         x_in = x0
-        for s in range(len(self.t)):
-            args = (mu, spk, cond, x_in, cnn_cache[s], att_cache[s], self.t[s], self.dt[s])
+        for s in range(len(self.s)):
+            args = (mu, spk, cond, x_in, cnn_cache[s], att_cache[s], self.s[s], self.dt[s])
             outs = (x, cnn_out[s], att_out[s])
             if isinstance(self.step, CapturedCall):
                 self.step(*args, out=outs)
@@ -73,7 +73,7 @@ class EulerReplay:
 
 def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.dtype]]:
     """Shapes and dtypes of what one CUDA graph of this artifact takes: the unit's inputs, or for
-    a CFM step package ONE step's (mu, spk, cond, x, cnn and att caches of that step, t, dt)."""
+    a CFM step package ONE step's (mu, spk, cond, x, cnn and att caches of that step, its index, dt)."""
     shapes, dtypes = [tuple(s) for s in info.input_shapes], [torch_dtype(d) for d in info.input_dtypes]
     return step_graph_inputs(shapes, dtypes) if (info.extra or {}).get("cfm_step") else (shapes, dtypes)
 
@@ -81,7 +81,7 @@ def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.
 def step_graph_inputs(shapes: list, dtypes: list) -> tuple[list, list]:
     """The CFM unit's input shapes and dtypes -> one Euler step's (its graph's inputs)."""
     return [tuple(s) for s in shapes[:4]] + [tuple(s[1:]) for s in shapes[4:6]] + [(1,), (1,)], \
-        list(dtypes) + [torch.float32] * 2
+        list(dtypes) + [torch.int64, torch.float32]
 
 
 def nbytes(shapes, dtypes) -> int:

@@ -2,8 +2,8 @@
 
 State-dict compatible with upstream `flow.pt` under `decoder.estimator.`. Written for export:
 every cache comes in and goes out as a tensor, nothing is mutated, the 10 timesteps are Python
-constants (so the solve unrolls into one static graph), and the timestep embedding and adaLN
-modulation are computed once per step for the whole batch (every row shares t).
+constants (so the solve unrolls into one static graph), and the adaLN modulation, which depends
+on the timestep alone, is computed once per solver for all 10 steps (`CFMSolver.modulation_table`).
 """
 from __future__ import annotations
 
@@ -215,12 +215,17 @@ class DiTBlock(nn.Module):
         self.conv = CausalConvBlock(d)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(d, 9 * d))
 
+        self.triton_rows = 0       # run as c2w's fused Triton kernels up to this many rows (fused.py)
+
     def forward(self, x, temb, cnn_cache, att_cache):
         """x: (b, T, d); temb: (1 or b, 1, d); caches as in Attention / CausalConvBlock."""
         return self.modulated(x, self.adaLN_modulation(temb), cnn_cache, att_cache)
 
     def modulated(self, x, mod, cnn_cache, att_cache):
         """The block given its adaLN modulation `mod` (1 or b, 1, 9 d)."""
+        if mod.shape[0] == 1 and x.shape[0] * x.shape[1] <= self.triton_rows:
+            from c2w.runtime.model import fused
+            return fused.block_forward(self, x, mod, cnn_cache, att_cache)
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
          shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
         a, new_att = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache)
@@ -238,8 +243,17 @@ class FinalLayer(nn.Module):
         self.norm_final = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         self.linear = nn.Linear(hidden, out_channels)
 
+        self.triton_rows = 0       # as DiTBlock.triton_rows
+
     def forward(self, x, temb):
-        shift, scale = parts(self.adaLN_modulation(temb), 2, -1)
+        return self.modulated(x, self.adaLN_modulation(temb))
+
+    def modulated(self, x, mod):
+        """The layer given its adaLN modulation `mod` (1 or b, 1, 2 d)."""
+        if mod.shape[0] == 1 and x.shape[0] * x.shape[1] <= self.triton_rows:
+            from c2w.runtime.model import fused
+            return fused.final_forward(self, x, mod)
+        shift, scale = parts(mod, 2, -1)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
@@ -265,14 +279,34 @@ class DiT(nn.Module):
         """
         if not isinstance(t, torch.Tensor):
             t = torch.full((1,), t, dtype=torch.float32, device=h_in.device)
-        temb = self.t_embedder(t).unsqueeze(1)
+        return self.modulated(h_in, self.modulation(t), cnn_cache, att_cache)
+
+    def modulation(self, t: torch.Tensor) -> torch.Tensor:
+        """(N,) float32 times -> (N, depth * 9 * hidden + 2 * hidden): every block's adaLN
+        modulation, then the final layer's. It depends on t alone (the speaker enters through the
+        input), so a solve with a fixed schedule computes it once (CFMSolver.modulation_table)."""
+        temb = self.t_embedder(t)
+        mods = [block.adaLN_modulation(temb) for block in self.blocks] + [self.final_layer.adaLN_modulation(temb)]
+        return torch.cat(mods, dim=-1)
+
+    def use_triton_kernels(self, max_rows: int) -> None:
+        """Run the blocks and the final layer as c2w's fused Triton kernels (fused.py) when a call
+        has at most `max_rows` rows (2B x T); 0 turns them off (the default)."""
+        for layer in (*self.blocks, self.final_layer):
+            layer.triton_rows = max_rows
+
+    def modulated(self, h_in: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
+        """`forward` given the modulation of its time (1, depth * 9 * hidden + 2 * hidden)."""
+        width = 9 * self.cfg.hidden
+        mod = mod.unsqueeze(1)
         x = self.in_proj(h_in.transpose(1, 2))
         cnns, atts = [], []
         for i, block in enumerate(self.blocks):
-            x, c, a = block(x, temb, cnn_cache[i], att_cache[i])
+            x, c, a = block.modulated(x, mod.narrow(-1, i * width, width), cnn_cache[i], att_cache[i])
             cnns.append(c)
             atts.append(a)
-        v = self.final_layer(x, temb).transpose(1, 2)
+        final = mod.narrow(-1, len(self.blocks) * width, 2 * self.cfg.hidden)
+        v = self.final_layer.modulated(x, final).transpose(1, 2)
         return v, torch.stack(cnns), torch.stack(atts)
 
 
@@ -290,13 +324,20 @@ class CFMSolver(nn.Module):
         self.spk_embed_affine_layer = spk_affine
         self.cfg_rate = cfg.cfg_rate
         self.ts, self.dts = euler_schedule(cfg.n_timesteps)
+        # the estimator's adaLN modulation at each step's time, computed once from the weights as
+        # they are now (a solver is built from a ready model; rebuild it if the weights change)
+        w = estimator.in_proj.weight
+        with torch.no_grad():
+            table = estimator.modulation(torch.tensor(self.ts, dtype=torch.float32, device=w.device))
+        self.register_buffer("modulation_table", table, persistent=False)
 
-    def step(self, mu, spk, cond, x, cnn_cache, att_cache, t, dt):
-        """One Euler step with guidance: x (B, 80, T) float32 -> x + dt * v_guided.
+    def step(self, mu, spk, cond, x, cnn_cache, att_cache, s, dt):
+        """Euler step `s` with guidance: x (B, 80, T) float32 -> x + dt * v_guided.
 
         mu, cond: (B, 80, T) float32; spk: (B, 192) float32 raw embedding; caches of THIS step:
-        cnn (depth, 2B, 2*hidden, 2), att (depth, 2B, heads, L, 2*head_dim); t, dt: Python floats
-        or (1,) float32 tensors. -> (x_next, new cnn cache, new att cache).
+        cnn (depth, 2B, 2*hidden, 2), att (depth, 2B, heads, L, 2*head_dim); s: the step's index, a
+        Python int or a (1,) int64 tensor (one compiled step serves all of them); dt: a Python
+        float or a (1,) float32 tensor. -> (x_next, new cnn cache, new att cache).
         """
         wdtype = self.estimator.in_proj.weight.dtype
         T = mu.shape[2]
@@ -309,7 +350,9 @@ class CFMSolver(nn.Module):
             torch.cat([spk, torch.zeros_like(spk)], 0).unsqueeze(-1).expand(-1, -1, T),
             torch.cat([cond.to(wdtype), zeros], 0),
         ], dim=1)                                                                     # (2B, 320, T)
-        v, c, a = self.estimator(h_in, t, cnn_cache, att_cache)
+        table = self.modulation_table
+        mod = table.narrow(0, s, 1) if isinstance(s, int) else table.index_select(0, s)
+        v, c, a = self.estimator.modulated(h_in, mod, cnn_cache, att_cache)
         v_cond, v_uncond = parts(v.float(), 2, 0)
         return x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond), c, a
 
@@ -321,8 +364,8 @@ class CFMSolver(nn.Module):
         """
         x = x0.float()
         cnns, atts = [], []
-        for s, (t, dt) in enumerate(zip(self.ts, self.dts)):
-            x, c, a = self.step(mu, spk, cond, x, cnn_cache[s], att_cache[s], t, dt)
+        for s, dt in enumerate(self.dts):
+            x, c, a = self.step(mu, spk, cond, x, cnn_cache[s], att_cache[s], s, dt)
             cnns.append(c)
             atts.append(a)
         return x, torch.stack(cnns), torch.stack(atts)

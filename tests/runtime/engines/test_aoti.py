@@ -26,8 +26,8 @@ def test_cfm_graph_is_one_euler_step():
     info = info_for("cfm", (1, 50, 300), "float16")
     shapes, dtypes = graph_inputs(info)
     full = info.input_shapes
-    assert shapes == [*full[:4], full[4][1:], full[5][1:], (1,), (1,)]     # caches of ONE step, t, dt
-    assert dtypes == [torch.float32] * 4 + [torch.float16] * 2 + [torch.float32] * 2
+    assert shapes == [*full[:4], full[4][1:], full[5][1:], (1,), (1,)]     # caches of ONE step, s, dt
+    assert dtypes == [torch.float32] * 4 + [torch.float16] * 2 + [torch.int64, torch.float32]
     # one step's att cache at B=1, L=300: depth 16 x 2B x 8 heads x 300 x 128 x 2 bytes
     assert nbytes(shapes[5:6], dtypes[5:6]) == 16 * 2 * 8 * 300 * 128 * 2
 

@@ -258,12 +258,13 @@ def test_the_cfm_replays_one_graph_per_euler_step(cuda):
     into the stacked caches, and matches the same step run without a graph on every input."""
     from c2w.runtime.engines.aoti import EulerReplay
 
-    def step(mu, spk, cond, x, cnn, att, t, dt):
-        x_new = x + dt * (mu + cond + spk[..., None] * t)
-        return x_new, cnn * 0.5 + t, torch.cat([att, x_new.transpose(1, 2)], dim=1)
+    def step(mu, spk, cond, x, cnn, att, s, dt):
+        x_new = x + dt * (mu + cond + spk[..., None] * s)
+        return x_new, cnn * 0.5 + s, torch.cat([att, x_new.transpose(1, 2)], dim=1)
 
     shapes = [(1, 2, 3), (1, 2), (1, 2, 3), (1, 2, 3), (1, 4), (1, 5, 2), (1,), (1,)]
-    graphed = EulerReplay(CapturedCall(cuda.kernel(step), shapes, [torch.float32] * 8, CPU), 10, CPU)
+    dtypes = [torch.float32] * 6 + [torch.int64, torch.float32]
+    graphed = EulerReplay(CapturedCall(cuda.kernel(step), shapes, dtypes, CPU), 10, CPU)
     plain = EulerReplay(step, 10, CPU)
     for seed in (1, 2):
         g = torch.Generator().manual_seed(seed)

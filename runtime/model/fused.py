@@ -1,0 +1,230 @@
+"""The DiT block in a few fused Triton kernels, for AOTInductor builds on CUDA at small row counts.
+
+At B=1 the compiled solve runs ~34 kernels per block and Euler step, a few microseconds each
+whatever their size (docs/kernels.md): the cost is their number. Here one kernel is one matrix
+product with what surrounds it folded in:
+
+- a prologue on its input rows: LayerNorm + adaLN modulation, or LayerNorm (affine) + Mish;
+- for the causal convolutions, the k = 3 frames read straight from the previous chunk's cache
+  and the current rows (no concatenation);
+- an epilogue: bias, bias + GELU (tanh), or the gated residual `residual + gate * (y + bias)`.
+
+`block_forward` runs a DiT block with five of them (q/k/v, output projection, two convolutions,
+two MLP layers: six), leaving Inductor the q/k norms with the new attention cache, the
+attention itself and the two-frame conv cache. Same function as `DiTBlock.modulated`; the
+products round once to the weights' dtype instead of after every op (docs/numerics.md).
+
+`fused_linear` is a `torch.library.triton_op`, so `torch.export` keeps it as one node and
+AOTInductor compiles its kernel into the package: loading an engine needs no Triton. On the CPU
+the kernels run under Triton's interpreter (`TRITON_INTERPRET=1`), which is how the tests check
+them against the block's PyTorch code. Imported only when a build asks for them (the runtime and
+the CPU path never need Triton).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+# prologue applied to each input row before the product
+NO_PROLOGUE, LN_MODULATE, LN_MISH = 0, 1, 2
+# epilogue applied to each output element
+BIAS, BIAS_GELU, GATED_RESIDUAL = 0, 1, 2
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _fused_linear_kernel(
+        X, CACHE, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, P0, P1, RES, GATE,
+        M, N, T,
+        stride_xm, stride_cb, stride_ck, stride_cf, stride_wn, stride_ym, stride_rm,
+        eps,
+        K: tl.constexpr, TAPS: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Y[m, n] = epilogue(sum_j sum_k prologue(X)[row(m, j), k] * W[n, j * K + k]), for up to three
+    (W, bias, Y) of the same shape at once (program axis 2 picks one: the q, k and v projections).
+
+    Rows m = b * T + t. Tap j reads frame t + j - (TAPS - 1) of sequence b; a negative frame is
+    read from CACHE[b, k, frame + TAPS - 1] (already transformed: it holds the previous chunk's
+    last prologue outputs). P0/P1: shift/scale (LN_MODULATE) or LayerNorm weight/bias (LN_MISH),
+    K long. GATE (N,) and RES (M, N) for GATED_RESIDUAL.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    group = tl.program_id(2)
+    W, BIAS_PTR, Y = W0, B0, Y0
+    if group == 1:
+        W, BIAS_PTR, Y = W1, B1, Y1
+    if group == 2:
+        W, BIAS_PTR, Y = W2, B2, Y2
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    seq = rm // T
+    frame = rm % T
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in tl.static_range(TAPS):
+        src_frame = frame + j - (TAPS - 1)
+        from_x = m_ok & (src_frame >= 0)
+        from_cache = m_ok & (src_frame < 0)
+        src = seq * T + src_frame
+        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if PROLOGUE != NO_PROLOGUE:
+            # LayerNorm statistics of the source rows, two passes (centred variance)
+            total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                xk = tl.load(X + src[:, None] * stride_xm + rk[None, :],
+                             mask=from_x[:, None] & (rk[None, :] < K), other=0.0).to(tl.float32)
+                total += tl.sum(xk, axis=1)
+            mean = total / K
+            sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                ok = from_x[:, None] & (rk[None, :] < K)
+                xk = tl.load(X + src[:, None] * stride_xm + rk[None, :], mask=ok, other=0.0).to(tl.float32)
+                d = tl.where(ok, xk - mean[:, None], 0.0)
+                sq += tl.sum(d * d, axis=1)
+            rstd = 1.0 / tl.sqrt(sq / K + eps)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = rk < K
+            a = tl.load(X + src[:, None] * stride_xm + rk[None, :],
+                        mask=from_x[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            if PROLOGUE == LN_MODULATE:
+                shift = tl.load(P0 + rk, mask=k_ok, other=0.0).to(tl.float32)
+                scale = tl.load(P1 + rk, mask=k_ok, other=0.0).to(tl.float32)
+                a = (a - mean[:, None]) * rstd[:, None] * (1.0 + scale[None, :]) + shift[None, :]
+            if PROLOGUE == LN_MISH:
+                gamma = tl.load(P0 + rk, mask=k_ok, other=0.0).to(tl.float32)
+                beta = tl.load(P1 + rk, mask=k_ok, other=0.0).to(tl.float32)
+                a = (a - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :]
+                softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+                a = a * _tanh(softplus)
+            if TAPS > 1:
+                cached = tl.load(CACHE + seq[:, None] * stride_cb + rk[None, :] * stride_ck
+                                 + (src_frame[:, None] + TAPS - 1) * stride_cf,
+                                 mask=from_cache[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+                a = tl.where(from_cache[:, None], cached, a)
+            w = tl.load(W + rn[None, :] * stride_wn + (j * K + rk)[:, None],
+                        mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            acc += tl.dot(a.to(W.dtype.element_ty), w)
+    y = acc + tl.load(BIAS_PTR + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if EPILOGUE == BIAS_GELU:
+        y = 0.5 * y * (1.0 + _tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)))
+    if EPILOGUE == GATED_RESIDUAL:
+        gate = tl.load(GATE + rn, mask=n_ok, other=0.0).to(tl.float32)
+        res = tl.load(RES + rm[:, None] * stride_rm + rn[None, :],
+                      mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+        y = res + gate[None, :] * y
+    tl.store(Y + rm[:, None] * stride_ym + rn[None, :], y.to(Y.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _tiles(rows: int) -> dict:
+    """Tile sizes and warps by row count (fixed per exact shape; no autotuning at build)."""
+    if rows <= 256:
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4)
+    if rows <= 2048:
+        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+
+
+@triton_op("c2w::fused_linear", mutates_args={})
+def fused_linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], cache: torch.Tensor,
+                 p0: torch.Tensor, p1: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,
+                 frames: int, taps: int, prologue: int, epilogue: int, eps: float) -> list[torch.Tensor]:
+    """x (M, K) rows, M = sequences x `frames`; 1 to 3 weights (N, taps * K) of one shape and
+    strides, unit inner stride, with their biases (N,); cache (b, K, taps - 1) (any strides; read
+    only when taps > 1); p0, p1 (K,); residual (M, N); gate (N,). Unused tensors may be any tensor
+    (they are never read). -> one (M, N) result per weight, in x's dtype."""
+    m, k = x.shape
+    n = weights[0].shape[0]
+    ys = [torch.empty((m, n), dtype=x.dtype, device=x.device) for _ in weights]
+    w, b, y = (list(v) + [v[0]] * (3 - len(v)) for v in (weights, biases, ys))
+    tiles = _tiles(m)
+    grid = (triton.cdiv(m, tiles["BLOCK_M"]), triton.cdiv(n, tiles["BLOCK_N"]), len(weights))
+    wrap_triton(_fused_linear_kernel)[grid](
+        x, cache, *w, *b, *y, p0, p1, residual, gate,
+        m, n, frames,
+        x.stride(0), cache.stride(0), cache.stride(1), cache.stride(2), weights[0].stride(0), n,
+        residual.stride(0), eps,
+        K=k, TAPS=taps, PROLOGUE=prologue, EPILOGUE=epilogue, **tiles)
+    return ys
+
+
+def linear(x, weight, bias, *, prologue=NO_PROLOGUE, p0=None, p1=None, epilogue=BIAS, residual=None,
+           gate=None, eps=1e-6, taps=1, cache=None, frames=None):
+    """`fused_linear` over x (b, T, K) -> (b, T, N) (a list of them when weight and bias are lists);
+    vectors may come as (1, 1, K) views."""
+    b, t, k = x.shape
+    rows = x.reshape(b * t, k)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    flat = [v.reshape(-1) if v is not None else rows for v in (p0, p1, gate)]
+    res = residual.reshape(b * t, -1) if residual is not None else rows
+    many = isinstance(weight, (list, tuple))
+    ys = fused_linear(rows, list(weight) if many else [weight], list(bias) if many else [bias],
+                      cache if cache is not None else rows.unsqueeze(-1), flat[0], flat[1], res, flat[2],
+                      t, taps, prologue, epilogue, eps)
+    ys = [y.reshape(b, t, -1) for y in ys]
+    return ys if many else ys[0]
+
+
+def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
+    """`DiTBlock.modulated` (same arguments and results) with the fused kernels; mod: (1, 1, 9d)."""
+    from c2w.runtime.model.dit import modulate, parts
+
+    (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
+     shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
+    attn, conv, mlp = block.attn, block.conv, block.mlp
+    b, t, d = x.shape
+    h, hd = attn.heads, attn.head_dim
+
+    # attention: one q/k/v product over the modulated LayerNorm, then Inductor's q/k norms, cache, SDPA
+    projections = (attn.to_q, attn.to_k, attn.to_v)
+    q, k, v = linear(x, [p.weight for p in projections], [p.bias for p in projections], prologue=LN_MODULATE,
+                     p0=shift_msa, p1=scale_msa, eps=block.norm1.eps)
+    q = attn.q_norm(attn._heads(q))
+    k, v = attn.k_norm(attn._heads(k)), attn._heads(v)
+    kv = torch.cat([torch.cat([k, v], dim=-1), att_cache], dim=2)
+    k, v = parts(kv, 2, -1)
+    a = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, h * hd)
+    x = linear(a, attn.proj.weight, attn.proj.bias, epilogue=GATED_RESIDUAL, residual=x, gate=gate_msa)
+
+    # causal conv block: frames read from the cache and the rows, LayerNorm + Mish in conv2's prologue
+    c1, c2 = parts(cnn_cache, 2, 1)                                             # (b, d, 2) each
+    conv1, norm, conv2 = conv.block[1], conv.block[3], conv.block[6]
+    taps = conv1.kernel_size[0]
+    y1 = linear(x, conv1.weight.permute(0, 2, 1).flatten(1), conv1.bias, prologue=LN_MODULATE, p0=shift_conv,
+                p1=scale_conv, eps=block.norm3.eps, taps=taps, cache=c1, frames=t)
+    x2 = linear(y1, conv2.weight.permute(0, 2, 1).flatten(1), conv2.bias, prologue=LN_MISH, p0=norm.weight,
+                p1=norm.bias, eps=norm.eps, epilogue=GATED_RESIDUAL, residual=x, gate=gate_conv, taps=taps,
+                cache=c2, frames=t)
+    # the new conv cache: the last two frames of each convolution's input, as the block computes them
+    ctx = conv.context
+    h1 = torch.cat([c1.transpose(1, 2), modulate(block.norm3(x[:, -ctx:]), shift_conv, scale_conv)], dim=1)
+    h2 = torch.cat([c2.transpose(1, 2), conv.block[4](norm(y1[:, -ctx:]))], dim=1)
+    new_cnn = torch.cat([h1[:, -ctx:], h2[:, -ctx:]], dim=2).transpose(1, 2)
+
+    # MLP: LayerNorm + modulation + GELU around the first product, gated residual after the second
+    hid = linear(x2, mlp.fc1.weight, mlp.fc1.bias, prologue=LN_MODULATE, p0=shift_mlp, p1=scale_mlp,
+                 eps=block.norm2.eps, epilogue=BIAS_GELU)
+    x3 = linear(hid, mlp.fc2.weight, mlp.fc2.bias, epilogue=GATED_RESIDUAL, residual=x2, gate=gate_mlp)
+    return x3, new_cnn, kv
+
+
+def final_forward(layer, x: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
+    """`FinalLayer.modulated` with one fused kernel; mod: (1, 1, 2d)."""
+    from c2w.runtime.model.dit import parts
+
+    shift, scale = parts(mod, 2, -1)
+    return linear(x, layer.linear.weight, layer.linear.bias, prologue=LN_MODULATE, p0=shift, p1=scale,
+                  eps=layer.norm_final.eps)
