@@ -28,9 +28,9 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # prologue applied to each input row before the product
-NO_PROLOGUE, LN_MODULATE, LN_MISH = 0, 1, 2
+NO_PROLOGUE, LN_MODULATE, LN_MISH = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 # epilogue applied to each output element
-BIAS, BIAS_GELU, GATED_RESIDUAL = 0, 1, 2
+BIAS, BIAS_GELU, GATED_RESIDUAL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
