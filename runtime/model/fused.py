@@ -28,9 +28,12 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 # prologue applied to each input row before the product
-NO_PROLOGUE, LN_MODULATE, LN_MISH = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+NO_PROLOGUE, LN_MODULATE, LN_MISH = 0, 1, 2
 # epilogue applied to each output element
-BIAS, BIAS_GELU, GATED_RESIDUAL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+BIAS, BIAS_GELU, GATED_RESIDUAL = 0, 1, 2
+# the same codes as the kernel sees them (compiled Triton reads only constexpr globals)
+_NO_PROLOGUE, _LN_MODULATE, _LN_MISH = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+_BIAS_GELU, _GATED_RESIDUAL = tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -76,7 +79,7 @@ def _fused_linear_kernel(
         src = seq * T + src_frame
         mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
         rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        if PROLOGUE != NO_PROLOGUE:
+        if PROLOGUE != _NO_PROLOGUE:
             # LayerNorm statistics of the source rows, two passes (centred variance)
             total = tl.zeros((BLOCK_M,), dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
@@ -98,11 +101,11 @@ def _fused_linear_kernel(
             k_ok = rk < K
             a = tl.load(X + src[:, None] * stride_xm + rk[None, :],
                         mask=from_x[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            if PROLOGUE == LN_MODULATE:
+            if PROLOGUE == _LN_MODULATE:
                 shift = tl.load(P0 + rk, mask=k_ok, other=0.0).to(tl.float32)
                 scale = tl.load(P1 + rk, mask=k_ok, other=0.0).to(tl.float32)
                 a = (a - mean[:, None]) * rstd[:, None] * (1.0 + scale[None, :]) + shift[None, :]
-            if PROLOGUE == LN_MISH:
+            if PROLOGUE == _LN_MISH:
                 gamma = tl.load(P0 + rk, mask=k_ok, other=0.0).to(tl.float32)
                 beta = tl.load(P1 + rk, mask=k_ok, other=0.0).to(tl.float32)
                 a = (a - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :]
@@ -117,9 +120,9 @@ def _fused_linear_kernel(
                         mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             acc += tl.dot(a.to(W.dtype.element_ty), w)
     y = acc + tl.load(BIAS_PTR + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if EPILOGUE == BIAS_GELU:
+    if EPILOGUE == _BIAS_GELU:
         y = 0.5 * y * (1.0 + _tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)))
-    if EPILOGUE == GATED_RESIDUAL:
+    if EPILOGUE == _GATED_RESIDUAL:
         gate = tl.load(GATE + rn, mask=n_ok, other=0.0).to(tl.float32)
         res = tl.load(RES + rm[:, None] * stride_rm + rn[None, :],
                       mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
