@@ -42,29 +42,42 @@ def _tanh(x):
 
 
 @triton.jit
+def _prologue(x, ok, k_ok, P0, P1, rk, eps, K: tl.constexpr, PROLOGUE: tl.constexpr):
+    """x: (BLOCK_M, K_TILE) float32 whole rows (zeros where not ok) -> the prologue's output."""
+    if PROLOGUE != _NO_PROLOGUE:
+        mean = tl.sum(x, axis=1) / K
+        d = tl.where(ok, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)
+        x = d * rstd[:, None]
+        p0 = tl.load(P0 + rk, mask=k_ok, other=0.0).to(tl.float32)
+        p1 = tl.load(P1 + rk, mask=k_ok, other=0.0).to(tl.float32)
+        if PROLOGUE == _LN_MODULATE:       # p0, p1 = shift, scale
+            x = x * (1.0 + p1[None, :]) + p0[None, :]
+        if PROLOGUE == _LN_MISH:           # p0, p1 = LayerNorm weight, bias
+            x = x * p0[None, :] + p1[None, :]
+            softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+            x = x * _tanh(softplus)
+    return x
+
+
+@triton.jit
 def _fused_linear_kernel(
-        X, CACHE, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, P0, P1, RES, GATE,
+        X, CACHE, W, BIAS_PTR, Y, P0, P1, RES, GATE,
         M, N, T,
         stride_xm, stride_cb, stride_ck, stride_cf, stride_wn, stride_ym, stride_rm,
         eps,
         K: tl.constexpr, TAPS: tl.constexpr, PROLOGUE: tl.constexpr, EPILOGUE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Y[m, n] = epilogue(sum_j sum_k prologue(X)[row(m, j), k] * W[n, j * K + k]), for up to three
-    (W, bias, Y) of the same shape at once (program axis 2 picks one: the q, k and v projections).
+    """Y[m, n] = epilogue(sum_j sum_k prologue(X)[row(m, j), k] * W[n, j * K + k]).
 
     Rows m = b * T + t. Tap j reads frame t + j - (TAPS - 1) of sequence b; a negative frame is
     read from CACHE[b, k, frame + TAPS - 1] (already transformed: it holds the previous chunk's
     last prologue outputs). P0/P1: shift/scale (LN_MODULATE) or LayerNorm weight/bias (LN_MISH),
-    K long. GATE (N,) and RES (M, N) for GATED_RESIDUAL.
+    K long. GATE (N,) and RES (M, N) for GATED_RESIDUAL. With a prologue BLOCK_K covers K (whole
+    rows: the LayerNorm needs them), without one it steps through K.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    group = tl.program_id(2)
-    W, BIAS_PTR, Y = W0, B0, Y0
-    if group == 1:
-        W, BIAS_PTR, Y = W1, B1, Y1
-    if group == 2:
-        W, BIAS_PTR, Y = W2, B2, Y2
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = rm < M
@@ -77,40 +90,12 @@ def _fused_linear_kernel(
         from_x = m_ok & (src_frame >= 0)
         from_cache = m_ok & (src_frame < 0)
         src = seq * T + src_frame
-        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        if PROLOGUE != _NO_PROLOGUE:
-            # LayerNorm statistics of the source rows, two passes (centred variance)
-            total = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                xk = tl.load(X + src[:, None] * stride_xm + rk[None, :],
-                             mask=from_x[:, None] & (rk[None, :] < K), other=0.0).to(tl.float32)
-                total += tl.sum(xk, axis=1)
-            mean = total / K
-            sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                ok = from_x[:, None] & (rk[None, :] < K)
-                xk = tl.load(X + src[:, None] * stride_xm + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-                d = tl.where(ok, xk - mean[:, None], 0.0)
-                sq += tl.sum(d * d, axis=1)
-            rstd = 1.0 / tl.sqrt(sq / K + eps)
         for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < K
-            a = tl.load(X + src[:, None] * stride_xm + rk[None, :],
-                        mask=from_x[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            if PROLOGUE == _LN_MODULATE:
-                shift = tl.load(P0 + rk, mask=k_ok, other=0.0).to(tl.float32)
-                scale = tl.load(P1 + rk, mask=k_ok, other=0.0).to(tl.float32)
-                a = (a - mean[:, None]) * rstd[:, None] * (1.0 + scale[None, :]) + shift[None, :]
-            if PROLOGUE == _LN_MISH:
-                gamma = tl.load(P0 + rk, mask=k_ok, other=0.0).to(tl.float32)
-                beta = tl.load(P1 + rk, mask=k_ok, other=0.0).to(tl.float32)
-                a = (a - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :]
-                softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-                a = a * _tanh(softplus)
+            ok = from_x[:, None] & k_ok[None, :]
+            a = tl.load(X + src[:, None] * stride_xm + rk[None, :], mask=ok, other=0.0).to(tl.float32)
+            a = _prologue(a, ok, k_ok, P0, P1, rk, eps, K, PROLOGUE)
             if TAPS > 1:
                 cached = tl.load(CACHE + seq[:, None] * stride_cb + rk[None, :] * stride_ck
                                  + (src_frame[:, None] + TAPS - 1) * stride_cf,
@@ -131,35 +116,37 @@ def _fused_linear_kernel(
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _tiles(rows: int) -> dict:
-    """Tile sizes and warps by row count (fixed per exact shape; no autotuning at build)."""
+def _tiles(rows: int, k: int, whole_rows: bool) -> dict:
+    """Tile sizes and warps, fixed per exact shape (no autotuning at build). Small row counts get
+    narrow column tiles, so that a product over ~100 rows still spreads over ~100 programs."""
+    block_k = triton.next_power_of_2(k) if whole_rows else 128
     if rows <= 256:
-        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4)
-    if rows <= 2048:
-        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4)
-    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, num_warps=4)
+    return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=block_k, num_warps=4)
 
 
 @triton_op("c2w::fused_linear", mutates_args={})
 def fused_linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], cache: torch.Tensor,
                  p0: torch.Tensor, p1: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,
                  frames: int, taps: int, prologue: int, epilogue: int, eps: float) -> list[torch.Tensor]:
-    """x (M, K) rows, M = sequences x `frames`; 1 to 3 weights (N, taps * K) of one shape and
-    strides, unit inner stride, with their biases (N,); cache (b, K, taps - 1) (any strides; read
-    only when taps > 1); p0, p1 (K,); residual (M, N); gate (N,). Unused tensors may be any tensor
-    (they are never read). -> one (M, N) result per weight, in x's dtype."""
+    """x (M, K) rows, M = sequences x `frames`; weights (N, taps * K), unit inner stride, with their
+    biases (N,): one launch each over the same rows; cache (b, K, taps - 1) (any strides; read only
+    when taps > 1); p0, p1 (K,); residual (M, N); gate (N,). Unused tensors may be any tensor (they
+    are never read). -> one (M, N) result per weight, in x's dtype."""
     m, k = x.shape
-    n = weights[0].shape[0]
-    ys = [torch.empty((m, n), dtype=x.dtype, device=x.device) for _ in weights]
-    w, b, y = (list(v) + [v[0]] * (3 - len(v)) for v in (weights, biases, ys))
-    tiles = _tiles(m)
-    grid = (triton.cdiv(m, tiles["BLOCK_M"]), triton.cdiv(n, tiles["BLOCK_N"]), len(weights))
-    wrap_triton(_fused_linear_kernel)[grid](
-        x, cache, *w, *b, *y, p0, p1, residual, gate,
-        m, n, frames,
-        x.stride(0), cache.stride(0), cache.stride(1), cache.stride(2), weights[0].stride(0), n,
-        residual.stride(0), eps,
-        K=k, TAPS=taps, PROLOGUE=prologue, EPILOGUE=epilogue, **tiles)
+    tiles = _tiles(m, k, prologue != NO_PROLOGUE)
+    ys = []
+    for weight, bias in zip(weights, biases):
+        n = weight.shape[0]
+        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        grid = (triton.cdiv(m, tiles["BLOCK_M"]), triton.cdiv(n, tiles["BLOCK_N"]))
+        wrap_triton(_fused_linear_kernel)[grid](
+            x, cache, weight, bias, y, p0, p1, residual, gate,
+            m, n, frames,
+            x.stride(0), cache.stride(0), cache.stride(1), cache.stride(2), weight.stride(0), y.stride(0),
+            residual.stride(0), eps,
+            K=k, TAPS=taps, PROLOGUE=prologue, EPILOGUE=epilogue, **tiles)
+        ys.append(y)
     return ys
 
 
