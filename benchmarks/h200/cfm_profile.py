@@ -11,7 +11,9 @@ With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor 
 (recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
 DiT attention as it was before the att cache was written once (three concatenations per block
 and step), so both forms are measured in the same call. `--fuse qkv,ada` applies candidate DiT
-changes from dit_variants.py (packed q/k/v projection, one adaLN GEMM per step).
+changes from dit_variants.py (packed q/k/v projection); `--triton-rows N` builds with the fused
+Triton kernels of fused_dit.py for calls of at most N rows (eager is timed without them), and
+the JSON has the mel's SNR against the float32 model, engine and eager float16.
 """
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ def main() -> None:
                     help="legacy: the DiT attention before the att cache was written once")
     ap.add_argument("--fuse", default="", help="comma-separated dit_variants.py variants, e.g. qkv")
     ap.add_argument("--triton-rows", type=int, default=0,
-                    help="build with c2w's fused Triton DiT kernels up to this many rows (runtime/model/fused.py); "
+                    help="build with the fused Triton DiT kernels of fused_dit.py up to this many rows; "
                          "eager is timed without them")
     ap.add_argument("--phase", choices=("all", "build", "time"), default="all",
                     help="build: compile only (run several at once); time: reuse that build, then time "
@@ -111,11 +113,14 @@ def main() -> None:
         extra, build_s = done["extra"], done["build_s"]
     else:
         t0 = time.time()
-        flow.decoder.estimator.use_triton_kernels(a.triton_rows)
+        if a.triton_rows:
+            from benchmarks.h200 import fused_dit
+            fused_dit.apply(flow.decoder.estimator, a.triton_rows)
         try:
             extra = build_aoti(model, unit, key, x, path)
         finally:
-            flow.decoder.estimator.use_triton_kernels(0)
+            if a.triton_rows:
+                fused_dit.apply(flow.decoder.estimator, 0)
         build_s = time.time() - t0
         built.write_text(json.dumps({"extra": extra, "build_s": build_s}))
         if a.phase == "build":

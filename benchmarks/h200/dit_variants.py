@@ -6,9 +6,8 @@ binds them into an AOTI package like any other weight, and the state dict keeps 
 keys), and rebinds methods on the instances. Values are the model's; running this file checks
 that on CPU.
   qkv  one q/k/v projection GEMM per block and step instead of three
-  ada  every block's adaLN modulation in ONE GEMM per Euler step instead of one per block
-       (the timestep embedding is shared by all blocks)
-Used by cfm_profile.py --fuse qkv,ada. A variant that wins would go into the model with the
+(The adaLN modulation, once a candidate here, is now the model's own table:
+runtime.model.dit.CFMSolver.modulation_table.) Used by cfm_profile.py --fuse qkv. A variant that wins would go into the model with the
 packing kept in sync with the parameters (e.g. the parameters as views of the packed buffer, as
 the conv weights are stored tap-major); these experiments copy once and never update.
 """
@@ -39,30 +38,7 @@ def apply_qkv(dit: DiT) -> None:
         a.project = MethodType(_packed_project, a)
 
 
-def _stacked_forward(self, h_in, t, cnn_cache, att_cache):
-    """DiT.forward with the blocks' modulations from one GEMM."""
-    if not isinstance(t, torch.Tensor):
-        t = torch.full((1,), t, dtype=torch.float32, device=h_in.device)
-    temb = self.t_embedder(t).unsqueeze(1)
-    mods = parts(F.linear(F.silu(temb), self.ada_weight, self.ada_bias), len(self.blocks), -1)
-    x = self.in_proj(h_in.transpose(1, 2))
-    cnns, atts = [], []
-    for i, block in enumerate(self.blocks):
-        x, c, a = block.modulated(x, mods[i], cnn_cache[i], att_cache[i])
-        cnns.append(c)
-        atts.append(a)
-    v = self.final_layer(x, temb).transpose(1, 2)
-    return v, torch.stack(cnns), torch.stack(atts)
-
-
-def apply_ada(dit: DiT) -> None:
-    lins = [blk.adaLN_modulation[1] for blk in dit.blocks]
-    dit.register_buffer("ada_weight", torch.cat([m.weight for m in lins]).detach().clone(), persistent=False)
-    dit.register_buffer("ada_bias", torch.cat([m.bias for m in lins]).detach().clone(), persistent=False)
-    dit.forward = MethodType(_stacked_forward, dit)
-
-
-VARIANTS = {"qkv": apply_qkv, "ada": apply_ada}
+VARIANTS = {"qkv": apply_qkv}
 
 
 def apply(dit: DiT, names: str) -> None:
@@ -83,7 +59,7 @@ if __name__ == "__main__":      # CPU check: each variant computes the model's v
     args = (torch.randn(2 * B, d.in_channels, T, generator=g), torch.tensor([0.3]),
             torch.randn(d.depth, 2 * B, 2 * d.hidden, 2, generator=g),
             torch.randn(d.depth, 2 * B, d.heads, L, 2 * d.head_dim, generator=g))
-    for names in ("qkv", "ada", "qkv,ada"):
+    for names in ("qkv",):
         dit = DiT(d, TINY.mel_bins).eval()
         init_random_(dit, 0)
         with torch.inference_mode():

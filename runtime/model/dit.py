@@ -215,17 +215,12 @@ class DiTBlock(nn.Module):
         self.conv = CausalConvBlock(d)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(d, 9 * d))
 
-        self.triton_rows = 0       # run as c2w's fused Triton kernels up to this many rows (fused.py)
-
     def forward(self, x, temb, cnn_cache, att_cache):
         """x: (b, T, d); temb: (1 or b, 1, d); caches as in Attention / CausalConvBlock."""
         return self.modulated(x, self.adaLN_modulation(temb), cnn_cache, att_cache)
 
     def modulated(self, x, mod, cnn_cache, att_cache):
         """The block given its adaLN modulation `mod` (1 or b, 1, 9 d)."""
-        if mod.shape[0] == 1 and x.shape[0] * x.shape[1] <= self.triton_rows:
-            from c2w.runtime.model import fused
-            return fused.block_forward(self, x, mod, cnn_cache, att_cache)
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
          shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
         a, new_att = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache)
@@ -243,16 +238,11 @@ class FinalLayer(nn.Module):
         self.norm_final = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         self.linear = nn.Linear(hidden, out_channels)
 
-        self.triton_rows = 0       # as DiTBlock.triton_rows
-
     def forward(self, x, temb):
         return self.modulated(x, self.adaLN_modulation(temb))
 
     def modulated(self, x, mod):
         """The layer given its adaLN modulation `mod` (1 or b, 1, 2 d)."""
-        if mod.shape[0] == 1 and x.shape[0] * x.shape[1] <= self.triton_rows:
-            from c2w.runtime.model import fused
-            return fused.final_forward(self, x, mod)
         shift, scale = parts(mod, 2, -1)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
@@ -272,8 +262,8 @@ class DiT(nn.Module):
         """One velocity evaluation.
 
         h_in: (2B, 320, T) = [x ; mu ; spk ; cond] channels, in the weights' dtype
-        t: the step's time: a Python float (constant-folded into the unrolled solve) or a (1,)
-           float32 tensor (one compiled step serves all ten)
+        t: the time, a Python float or a (1,) float32 tensor (the solver does not call this: it
+           looks the modulation of its steps up in a table, `modulated`)
         cnn_cache: (depth, 2B, 2*hidden, 2); att_cache: (depth, 2B, heads, L, 2*head_dim)
         -> v (2B, 80, T), new cnn cache (depth, 2B, 2*hidden, 2), new att cache (depth, 2B, heads, T+L, 2*head_dim)
         """
@@ -288,12 +278,6 @@ class DiT(nn.Module):
         temb = self.t_embedder(t)
         mods = [block.adaLN_modulation(temb) for block in self.blocks] + [self.final_layer.adaLN_modulation(temb)]
         return torch.cat(mods, dim=-1)
-
-    def use_triton_kernels(self, max_rows: int) -> None:
-        """Run the blocks and the final layer as c2w's fused Triton kernels (fused.py) when a call
-        has at most `max_rows` rows (2B x T); 0 turns them off (the default)."""
-        for layer in (*self.blocks, self.final_layer):
-            layer.triton_rows = max_rows
 
     def modulated(self, h_in: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
         """`forward` given the modulation of its time (1, depth * 9 * hidden + 2 * hidden)."""

@@ -98,6 +98,44 @@ def test_full_size_chunk_matches_oracle():
 
 
 @torch.inference_mode()
+def test_modulation_table_holds_each_steps_modulation():
+    """The solver looks each step's adaLN modulation up in a table built once; a step computed
+    from its table row equals the estimator computing the modulation from t itself (the per-call
+    form), and a step indexed by a (1,) int64 tensor (what the AOTI step engine takes) equals one
+    indexed by a Python int. fp32; bound 1e-6 rel-L2 (a 10-row GEMM against a 1-row one)."""
+    solver, _, _ = build(TINY)
+    d = TINY.dit
+    assert solver.modulation_table.shape == (TINY.n_timesteps, d.depth * 9 * d.hidden + 2 * d.hidden)
+    assert "modulation_table" not in solver.state_dict()            # derived, not a checkpoint key
+    mu, spk, cond, x0, cnn, att = inputs(TINY, 2, 8, 6)
+    g = torch.Generator().manual_seed(3)
+    h_in = torch.randn(4, d.in_channels, 8, generator=g)
+    for s, t in enumerate(solver.ts):
+        per_call = solver.estimator(h_in, t, cnn[s], att[s])
+        looked_up = solver.estimator.modulated(h_in, solver.modulation_table[s:s + 1], cnn[s], att[s])
+        assert max(rel_l2(a, b) for a, b in zip(looked_up, per_call)) < 1e-6, s
+    for s in (0, 9):
+        by_int = solver.step(mu, spk, cond, x0, cnn[s], att[s], s, solver.dts[s])
+        by_tensor = solver.step(mu, spk, cond, x0, cnn[s], att[s], torch.tensor([s]), torch.tensor([solver.dts[s]]))
+        for a, b in zip(by_int, by_tensor):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@torch.inference_mode()
+def test_a_solver_built_after_new_weights_uses_them():
+    """The table is computed from the weights when the solver is built (models are loaded, then
+    their units built): a solver built after load_state_dict reflects the new weights."""
+    solver, _, spk_affine = build(TINY, seed=0)
+    other = DiT(TINY.dit, TINY.mel_bins)
+    init_random_(other, 5)
+    solver.estimator.load_state_dict(other.state_dict())
+    rebuilt = CFMSolver(solver.estimator, spk_affine, TINY)
+    want = other.eval().modulation(torch.tensor(rebuilt.ts))
+    assert rel_l2(rebuilt.modulation_table, want) < 1e-6
+    assert rel_l2(solver.modulation_table, want) > 0.1                # the old solver's table is stale
+
+
+@torch.inference_mode()
 def test_batch_equals_separate_streams():
     cfg = TINY
     ours, _, _ = build(cfg)

@@ -1,31 +1,42 @@
-"""The DiT block in a few fused Triton kernels, for AOTInductor builds on CUDA at small row counts.
+"""A candidate, measured and not shipped: the DiT block in a few fused Triton kernels.
 
-At B=1 the compiled solve runs ~34 kernels per block and Euler step, a few microseconds each
-whatever their size (docs/kernels.md): the cost is their number. Here one kernel is one matrix
-product with what surrounds it folded in:
+At B=1 the compiled solve runs ~25 kernels per block and Euler step, a few microseconds each
+whatever their size (benchmarks/h200/README.md, run 9): the cost is their number. Here one kernel
+is one matrix product with what surrounds it folded in:
 
 - a prologue on its input rows: LayerNorm + adaLN modulation, or LayerNorm (affine) + Mish;
 - for the causal convolutions, the k = 3 frames read straight from the previous chunk's cache
   and the current rows (no concatenation);
 - an epilogue: bias, bias + GELU (tanh), or the gated residual `residual + gate * (y + bias)`.
 
-`block_forward` runs a DiT block with five of them (q/k/v, output projection, two convolutions,
-two MLP layers: six), leaving Inductor the q/k norms with the new attention cache, the
+`block_forward` runs a DiT block with eight of them (q, k, v, output projection, two
+convolutions, two MLP layers), leaving Inductor the q/k norms with the new attention cache, the
 attention itself and the two-frame conv cache. Same function as `DiTBlock.modulated`; the
-products round once to the weights' dtype instead of after every op (docs/numerics.md).
+products round once to the weights' dtype instead of after every op.
 
 `fused_linear` is a `torch.library.triton_op`, so `torch.export` keeps it as one node and
-AOTInductor compiles its kernel into the package: loading an engine needs no Triton. On the CPU
-the kernels run under Triton's interpreter (`TRITON_INTERPRET=1`), which is how the tests check
-them against the block's PyTorch code. Imported only when a build asks for them (the runtime and
-the CPU path never need Triton).
+AOTInductor compiles its kernel into the package. `apply(dit, max_rows)` rebinds the blocks and
+the final layer of one DiT instance to it for calls of at most `max_rows` rows (0: never);
+cfm_profile.py --triton-rows builds with it. Measured on the H200 (run 9): the values are right
+(mel 62.3 dB against float32, eager float16 62.0), the kernels are not fast enough (36 us each
+at B=1 where cuBLAS takes 4.5 us per product): the full B=1 solve took 58 ms against 14.6.
+
+`python3 benchmarks/h200/fused_dit.py` checks the kernels against the block on the CPU, under
+Triton's interpreter (needs `pip install triton`).
 """
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import MethodType
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from c2w.runtime.model.dit import DiT, DiTBlock, FinalLayer, modulate, parts  # noqa: E402
 
 # prologue applied to each input row before the product
 NO_PROLOGUE, LN_MODULATE, LN_MISH = 0, 1, 2
@@ -42,13 +53,29 @@ def _tanh(x):
 
 
 @triton.jit
-def _prologue(x, ok, k_ok, P0, P1, rk, eps, K: tl.constexpr, PROLOGUE: tl.constexpr):
-    """x: (BLOCK_M, K_TILE) float32 whole rows (zeros where not ok) -> the prologue's output."""
-    if PROLOGUE != _NO_PROLOGUE:
-        mean = tl.sum(x, axis=1) / K
+def _row_stats(X, src, from_x, stride_xm, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """LayerNorm mean and 1/std of the source rows, stepping through K (two passes, centred)."""
+    total = tl.zeros(src.shape, dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        total += tl.sum(tl.load(X + src[:, None] * stride_xm + rk[None, :],
+                                mask=from_x[:, None] & (rk[None, :] < K), other=0.0).to(tl.float32), axis=1)
+    mean = total / K
+    sq = tl.zeros(src.shape, dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        ok = from_x[:, None] & (rk[None, :] < K)
+        x = tl.load(X + src[:, None] * stride_xm + rk[None, :], mask=ok, other=0.0).to(tl.float32)
         d = tl.where(ok, x - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)
-        x = d * rstd[:, None]
+        sq += tl.sum(d * d, axis=1)
+    return mean, 1.0 / tl.sqrt(sq / K + eps)
+
+
+@triton.jit
+def _prologue(x, mean, rstd, k_ok, P0, P1, rk, PROLOGUE: tl.constexpr):
+    """x: (BLOCK_M, BLOCK_K) float32 -> the prologue's output, given the rows' statistics."""
+    if PROLOGUE != _NO_PROLOGUE:
+        x = (x - mean[:, None]) * rstd[:, None]
         p0 = tl.load(P0 + rk, mask=k_ok, other=0.0).to(tl.float32)
         p1 = tl.load(P1 + rk, mask=k_ok, other=0.0).to(tl.float32)
         if PROLOGUE == _LN_MODULATE:       # p0, p1 = shift, scale
@@ -73,8 +100,8 @@ def _fused_linear_kernel(
     Rows m = b * T + t. Tap j reads frame t + j - (TAPS - 1) of sequence b; a negative frame is
     read from CACHE[b, k, frame + TAPS - 1] (already transformed: it holds the previous chunk's
     last prologue outputs). P0/P1: shift/scale (LN_MODULATE) or LayerNorm weight/bias (LN_MISH),
-    K long. GATE (N,) and RES (M, N) for GATED_RESIDUAL. With a prologue BLOCK_K covers K (whole
-    rows: the LayerNorm needs them), without one it steps through K.
+    K long. GATE (N,) and RES (M, N) for GATED_RESIDUAL. A prologue's LayerNorm statistics come
+    from the tile itself when BLOCK_K covers K (one pass), else from two passes over the rows first.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -90,12 +117,20 @@ def _fused_linear_kernel(
         from_x = m_ok & (src_frame >= 0)
         from_cache = m_ok & (src_frame < 0)
         src = seq * T + src_frame
+        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if PROLOGUE != _NO_PROLOGUE and BLOCK_K < K:
+            mean, rstd = _row_stats(X, src, from_x, stride_xm, eps, K, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < K
             ok = from_x[:, None] & k_ok[None, :]
             a = tl.load(X + src[:, None] * stride_xm + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-            a = _prologue(a, ok, k_ok, P0, P1, rk, eps, K, PROLOGUE)
+            if PROLOGUE != _NO_PROLOGUE and BLOCK_K >= K:     # whole rows in the tile: one pass
+                mean = tl.sum(a, axis=1) / K
+                d = tl.where(ok, a - mean[:, None], 0.0)
+                rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)
+            a = _prologue(a, mean, rstd, k_ok, P0, P1, rk, PROLOGUE)
             if TAPS > 1:
                 cached = tl.load(CACHE + seq[:, None] * stride_cb + rk[None, :] * stride_ck
                                  + (src_frame[:, None] + TAPS - 1) * stride_cf,
@@ -117,15 +152,16 @@ def _fused_linear_kernel(
 
 
 def _tiles(rows: int, k: int, whole_rows: bool) -> dict:
-    """Tile sizes and warps, fixed per exact shape (no autotuning at build). Small row counts get
-    narrow column tiles, so that a product over ~100 rows still spreads over ~100 programs."""
+    """Tile sizes and warps, fixed per exact shape (no autotuning at build): run 9's second build.
+    Small row counts get narrow column tiles, so that a product over ~100 rows still spreads over
+    ~100 programs. fused_tiles.py measures the alternatives."""
     block_k = triton.next_power_of_2(k) if whole_rows else 128
     if rows <= 256:
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, num_warps=4)
     return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=block_k, num_warps=4)
 
 
-@triton_op("c2w::fused_linear", mutates_args={})
+@triton_op("c2w_bench::fused_linear", mutates_args={})
 def fused_linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], cache: torch.Tensor,
                  p0: torch.Tensor, p1: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,
                  frames: int, taps: int, prologue: int, epilogue: int, eps: float) -> list[torch.Tensor]:
@@ -170,8 +206,6 @@ def linear(x, weight, bias, *, prologue=NO_PROLOGUE, p0=None, p1=None, epilogue=
 
 def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
     """`DiTBlock.modulated` (same arguments and results) with the fused kernels; mod: (1, 1, 9d)."""
-    from c2w.runtime.model.dit import modulate, parts
-
     (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
      shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
     attn, conv, mlp = block.attn, block.conv, block.mlp
@@ -213,8 +247,51 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
 
 def final_forward(layer, x: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
     """`FinalLayer.modulated` with one fused kernel; mod: (1, 1, 2d)."""
-    from c2w.runtime.model.dit import parts
-
     shift, scale = parts(mod, 2, -1)
     return linear(x, layer.linear.weight, layer.linear.bias, prologue=LN_MODULATE, p0=shift, p1=scale,
                   eps=layer.norm_final.eps)
+
+
+def _fused_block(self, x, mod, cnn_cache, att_cache):
+    if mod.shape[0] == 1 and x.shape[0] * x.shape[1] <= self.fused_rows:
+        return block_forward(self, x, mod, cnn_cache, att_cache)
+    return DiTBlock.modulated(self, x, mod, cnn_cache, att_cache)
+
+
+def _fused_final(self, x, mod):
+    if mod.shape[0] == 1 and x.shape[0] * x.shape[1] <= self.fused_rows:
+        return final_forward(self, x, mod)
+    return FinalLayer.modulated(self, x, mod)
+
+
+def apply(dit: DiT, max_rows: int) -> None:
+    """Run `dit`'s blocks and final layer through the fused kernels when a call has at most
+    `max_rows` rows (2B x T) and one modulation for all of them; 0 turns them off."""
+    for layer, fn in [(b, _fused_block) for b in dit.blocks] + [(dit.final_layer, _fused_final)]:
+        layer.fused_rows = max_rows
+        layer.modulated = MethodType(fn, layer)
+
+
+if __name__ == "__main__":      # CPU check under Triton's interpreter: the kernels compute the block
+    import os
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("run with TRITON_INTERPRET=1 (the kernels are checked on the CPU by Triton's interpreter)")
+    from c2w.runtime.model.config import TINY
+    from c2w.runtime.model.flow import FlowModel
+    from c2w.runtime.model.weights import init_random_
+    from c2w.runtime.units import rel_l2
+    flow = FlowModel(TINY)
+    init_random_(flow, 3)
+    g = torch.Generator().manual_seed(0)
+    for dtype, bound in ((torch.float32, 1e-6), (torch.float16, 2e-3)):
+        dit = flow.decoder.estimator.eval().to(dtype)
+        x = torch.randn(2, 6, 512, generator=g).to(dtype)
+        mod = (0.3 * torch.randn(1, 1, 9 * 512, generator=g)).to(dtype)
+        cnn = torch.randn(2, 1024, 2, generator=g).to(dtype)
+        att = torch.randn(2, 8, 5, 128, generator=g).to(dtype)
+        with torch.no_grad():
+            want = (*DiTBlock.modulated(dit.blocks[0], x, mod, cnn, att), FinalLayer.modulated(dit.final_layer, x, mod[..., :1024]))
+            got = (*block_forward(dit.blocks[0], x, mod, cnn, att), final_forward(dit.final_layer, x, mod[..., :1024]))
+        errs = [rel_l2(a.float(), b.float()) for a, b in zip(got, want)]
+        print(f"{dtype}: rel-L2 of x, cnn cache, att cache, final layer: " + ", ".join(f"{e:.1e}" for e in errs))
+        assert max(errs) <= bound, (dtype, errs)
