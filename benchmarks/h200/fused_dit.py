@@ -212,7 +212,7 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
     b, t, d = x.shape
     h, hd = attn.heads, attn.head_dim
 
-    # attention: one q/k/v product over the modulated LayerNorm, then Inductor's q/k norms, cache, SDPA
+    # attention: q, k and v products over the modulated LayerNorm, then Inductor's q/k norms, cache, SDPA
     projections = (attn.to_q, attn.to_k, attn.to_v)
     q, k, v = linear(x, [p.weight for p in projections], [p.bias for p in projections], prologue=LN_MODULATE,
                      p0=shift_msa, p1=scale_msa, eps=block.norm1.eps)
