@@ -83,10 +83,9 @@ class ExportInterrupted(KeyboardInterrupt):
 def export_threads(profile: Profile, requested: int | None = None, dry_run: bool = False) -> int | None:
     """PyTorch's intra-op threads for an export: `requested`, else 1 on CUDA (not for a dry run,
     which runs on the CPU), else None (torch's own, one per core). On CUDA the host only sets the
-    model up and compiles, and each process
-    of N shards on one machine would otherwise start a thread per core: 26 shards on the H200's
-    16 cores took 155 s to set the model up with torch's default against 18 s with one thread
-    each (benchmarks/h200/results/setup_contention, docs/ci.md)."""
+    model up and compiles, and each process of N shards on one machine would otherwise start a
+    thread per core: 26 shards on the H200's 16 cores took 155 s to set the model up with torch's
+    default against 18 s with one thread each (benchmarks/h200/results/setup_contention, docs/ci.md)."""
     if requested is not None:
         if requested < 1:
             raise C2WUserError("--threads", requested, "1 or more PyTorch threads for the export",

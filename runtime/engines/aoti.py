@@ -45,8 +45,8 @@ class EulerReplay:
 
     def __init__(self, step, n_steps: int, device: torch.device):
         self.step = step
-        ts, dts = euler_schedule(n_steps)
-        self.s = [torch.tensor([s], dtype=torch.int64, device=device) for s in range(len(ts))]
+        _, dts = euler_schedule(n_steps)
+        self.s = [torch.tensor([s], dtype=torch.int64, device=device) for s in range(n_steps)]
         self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
 
     def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache):

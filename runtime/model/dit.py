@@ -215,12 +215,9 @@ class DiTBlock(nn.Module):
         self.conv = CausalConvBlock(d)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(d, 9 * d))
 
-    def forward(self, x, temb, cnn_cache, att_cache):
-        """x: (b, T, d); temb: (1 or b, 1, d); caches as in Attention / CausalConvBlock."""
-        return self.modulated(x, self.adaLN_modulation(temb), cnn_cache, att_cache)
-
     def modulated(self, x, mod, cnn_cache, att_cache):
-        """The block given its adaLN modulation `mod` (1 or b, 1, 9 d)."""
+        """x: (b, T, d); mod: its adaLN modulation (1 or b, 1, 9 d), from `DiT.modulation`;
+        caches as in Attention / CausalConvBlock."""
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
          shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
         a, new_att = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache)
@@ -237,9 +234,6 @@ class FinalLayer(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 2 * hidden))
         self.norm_final = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
         self.linear = nn.Linear(hidden, out_channels)
-
-    def forward(self, x, temb):
-        return self.modulated(x, self.adaLN_modulation(temb))
 
     def modulated(self, x, mod):
         """The layer given its adaLN modulation `mod` (1 or b, 1, 2 d)."""
