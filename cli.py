@@ -249,7 +249,14 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
     from c2w.exporter.budget import mib
     from c2w.exporter.merge import merge_dirs
     from c2w.runtime.manifest import Measurement, Status
-    res = merge_dirs(out, shards)
+
+    def measured(i, n, e, ledger):          # a merge of unmeasured shards loads every key: minutes on a GPU
+        what = "kept" if e.status == Status.BUILT else "over budget"
+        console.print(f"measured {i + 1}/{n} {e.id}: {mib(e.device_bytes)} MiB, loaded and run in "
+                      f"{e.extra['load_seconds']:.1f} s, {what}; {len(ledger.kept)} kept, {mib(ledger.total())} of "
+                      f"{mib(ledger.budget)} MiB", highlight=False, soft_wrap=True)
+
+    res = merge_dirs(out, shards, measured)
     m = res.manifest
     n = sum(e.status == Status.BUILT for e in m.entries)
     console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}", highlight=False,
@@ -261,9 +268,10 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
                   markup=False, soft_wrap=True)
         raise typer.Exit(1)
     if isinstance(m.measured, Measurement):
+        took = "" if m.measured.load_seconds is None else f", {m.measured.load_seconds:.0f} s to load and run them"
         console.print(f"measured together in a fresh process ({m.measured.kind}): {mib(m.measured.total_bytes)} "
-                      f"MiB of {mib(m.budget_bytes)} MiB; {len(res.measured_over)} more keys over the budget by it",
-                      highlight=False, soft_wrap=True)
+                      f"MiB of {mib(m.budget_bytes)} MiB{took}; {len(res.measured_over)} more keys over the budget "
+                      "by it", highlight=False, soft_wrap=True)
     else:
         console.print(f"not measured together: {res.not_measured or 'every key was measured by its shard'}; c2w verify "
                       "measures the merged directory", highlight=False, soft_wrap=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -136,23 +137,27 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
     return dropped, None
 
 
-def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device) -> tuple[list[Entry], str | None]:
+def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
+                        on_key: Callable[[int, int, Entry, Ledger], None] | None = None) -> tuple[list[Entry], str | None]:
     """Hold the budget for built keys no export measured (a merge of `--measure-at-merge` shards),
     as an export does while it builds: in plan order, each built key is loaded into one fresh
     measurement process next to the keys kept before it and measured there; it is kept if its
     bytes fit what is left of the budget, else it is `over_budget` and unloaded, and the next key
     is tried. The kept keys are then recorded as measured together (`fit_by_measurement`, in a
-    new process if any key was unloaded: memory it freed is reused by later loads). Returns (the
-    entries over budget, the measurement's error or None)."""
+    new process if any key was unloaded: memory it freed is reused by later loads).
+    `on_key(i, n, entry, ledger)` after the i-th of n keys is measured (entry.extra["load_seconds"]:
+    its load and first run). Returns (the entries over budget, the measurement's error or None)."""
     ledger, kind = Ledger(manifest.budget_bytes, dict(manifest.weight_bytes)), memory.memory_kind(device)
     held, over = [], []
     try:
         with memory.MeasureProcess(out_dir, manifest, device) as probe:
-            for e in [e for e in manifest.entries if e.status == Status.BUILT]:
+            built = [e for e in manifest.entries if e.status == Status.BUILT]
+            for i, e in enumerate(built):
                 got = probe.add(e)
                 for comp, n in got["shared"].items():
                     ledger.shared.setdefault(comp, n)
                 e.device_bytes, e.memory_kind = got["bytes"], kind
+                e.extra = {**(e.extra or {}), "load_seconds": got["seconds"]}
                 if ledger.fits(e.component, e.device_bytes):
                     ledger.keep(e)
                     held.append((e, got))
@@ -160,6 +165,8 @@ def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device)
                     e.status, e.error = Status.OVER_BUDGET, ledger.over_budget_reason(e)
                     over.append(e)
                     probe.drop(e.id)
+                if on_key is not None:
+                    on_key(i, len(built), e, ledger)
     except memory.MeasureError as err:
         manifest.measured = FailedMeasurement(str(err))
         return over, str(err)

@@ -381,6 +381,7 @@ class _Run:
             self.held = [(self.entry(k), self.probe.add(self.entry(k))) for k in self.ledger.kept]
             self.only_kept_loaded = True
         got = self.probe.add(e)
+        e.extra = {**(e.extra or {}), "load_seconds": got["seconds"]}
         for comp, n in got["shared"].items():
             self.ledger.shared.setdefault(comp, n)      # a resumed export keeps the recorded number
         self.held.append((e, got))

@@ -20,6 +20,7 @@ import shutil
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -43,7 +44,10 @@ class MergeResult:
     measure_error: str | None = None
 
 
-def merge_dirs(out: Path, shards: list[Path]) -> MergeResult:
+def merge_dirs(out: Path, shards: list[Path], on_measured: Callable[[int, int, Entry, Ledger], None] | None = None
+               ) -> MergeResult:
+    """Merge `shards` into `out` (the module docstring); `on_measured` is budget.keep_by_measurement's
+    `on_key`, called after each key the merge measures."""
     if not shards:
         raise C2WUserError("c2w merge", "no shard directories", "one or more directories written by c2w export")
     shards = [Path(s) for s in shards]
@@ -97,7 +101,7 @@ def merge_dirs(out: Path, shards: list[Path]) -> MergeResult:
             result.not_measured = (f"built on '{merged.device}' and this machine has no CUDA: run c2w verify on the GPU "
                                    "machine, which measures the directory")
         else:
-            result.measured_over, result.measure_error = keep_by_measurement(out, merged, device)
+            result.measured_over, result.measure_error = keep_by_measurement(out, merged, device, on_measured)
             write_manifest(out, merged)
     return result
 

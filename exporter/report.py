@@ -121,7 +121,9 @@ def _totals(m: Manifest, s: dict) -> list[str]:
     d = m.measured
     if isinstance(d, Measurement):
         lines.append(f"budget {mib(s['budget_bytes'])} MiB; the directory measured together in a fresh process: "
-                     f"{mib(d.total_bytes)} MiB ({d.keys} keys, {d.kind})")
+                     f"{mib(d.total_bytes)} MiB ({d.keys} keys, {d.kind}"
+                     + ("" if d.load_seconds is None else f"; {d.load_seconds:.0f} s to load and first run them")
+                     + ")")
     elif isinstance(d, FailedMeasurement):
         lines.append(f"budget {mib(s['budget_bytes'])} MiB; the directory could not be measured: {d.error[:200]}")
     else:

@@ -95,9 +95,10 @@ class Measurement:
     key_bytes: int
     total_bytes: int
     split: dict[str, int] | None = None     # CUDA only: allocated / pool / outside
+    load_seconds: float | None = None       # loading and first-running the keys, one after another
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if not (k == "split" and v is None)}
+        return {k: v for k, v in asdict(self).items() if not (k in ("split", "load_seconds") and v is None)}
 
 
 @dataclass(frozen=True)

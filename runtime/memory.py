@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,10 +133,12 @@ class Resident:
 
     def add(self, entry: Entry) -> dict:
         """Load `entry` next to the engines held, run it once, keep it: {"bytes": its own
-        resident bytes, "shared": {component: bytes} when this was the component's first entry}."""
+        resident bytes, "shared": {component: bytes} when this was the component's first entry,
+        "seconds": the time this took (the load and first run of a serving process, plus readings)}."""
         if entry.id in self.engines:
             raise ValueError(f"{entry.id} is loaded already")
         with gpu_turn(self.device):
+            t0 = time.perf_counter()            # not counting a wait for the GPU's turn
             shared = {}
             if entry.component not in self.primed:
                 before = read(self.device)
@@ -144,7 +147,8 @@ class Resident:
                 self.primed.add(entry.component)
             before = read(self.device)
             self.engines[entry.id] = self._load_and_run(entry)
-            return {**read(self.device).minus(before), "shared": shared}
+            return {**read(self.device).minus(before), "shared": shared,
+                    "seconds": round(time.perf_counter() - t0, 3)}
 
     def drop(self, key_id: str) -> None:
         self.engines.pop(key_id).release()
@@ -244,10 +248,12 @@ def summarize(weight_bytes: dict[str, int], loads: list[tuple[Entry, dict]]) -> 
     """What a measurement process holding exactly `loads` ([(entry, its `add` reply)], in load
     order) holds: {"keys", "weight_bytes": eager weights of the components in use (the manifest's
     numbers, not measured), "engine_shared_bytes": {component: bytes}, "key_bytes", "total_bytes",
-    "per_key": [[id, its own bytes, the total with the entries up to it]], + the CUDA split}."""
+    "per_key": [[id, its own bytes, the total with the entries up to it]], "load_seconds": the
+    loads' time, + the CUDA split}."""
     shared: dict[str, int] = {}
-    total, keys, per_key, split = 0, 0, [], {}
+    total, keys, per_key, split, seconds = 0, 0, [], {}, 0.0
     for e, got in loads:
+        seconds += got["seconds"]
         if e.component not in shared:          # the component's first key: its weights and shared state
             shared[e.component] = got["shared"].get(e.component, 0)
             total += shared[e.component] + weight_bytes.get(e.component, 0)
@@ -259,7 +265,7 @@ def summarize(weight_bytes: dict[str, int], loads: list[tuple[Entry, dict]]) -> 
         per_key.append([e.id, got["bytes"], total])
     return {"keys": len(loads), "weight_bytes": sum(weight_bytes.get(c, 0) for c in shared),
             "engine_shared_bytes": shared, "key_bytes": keys, "total_bytes": total, "per_key": per_key,
-            **({"split": split} if split else {})}
+            "load_seconds": round(seconds, 2), **({"split": split} if split else {})}
 
 
 def measure_directory(out_dir: Path, manifest: Manifest, device: torch.device | str) -> dict:

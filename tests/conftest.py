@@ -175,7 +175,7 @@ class EstimatedMemory:
         pass
 
     def add(self, entry) -> dict:
-        return {"bytes": entry.est_bytes, "shared": {}}
+        return {"bytes": entry.est_bytes, "shared": {}, "seconds": 0.0}
 
     def drop(self, key_id) -> None:
         pass

@@ -22,12 +22,16 @@ if [ -z "${SKIP_EXPORT:-}" ]; then
   wait
   echo "export wall: $(( $(date +%s) - t0 )) s" | tee "$OUT/export_wall.txt"
   # the device tool returns a limited number of files: one archive for the shard logs
-  tar czf "$OUT/export_logs.tgz" -C "$OUT" $(cd "$OUT" && ls export_s*.log export_wall.txt) && rm -f "$OUT"/export_s*.log "$OUT/export_wall.txt"
+  # and each shard's manifest (per-key build phases and Inductor's timers)
+  for d in /tmp/art/s*; do [ -f "$d/manifest.json" ] && cp "$d/manifest.json" "$OUT/manifest_$(basename "$d").json"; done
+  tar czf "$OUT/export_logs.tgz" -C "$OUT" $(cd "$OUT" && ls export_s*.log export_wall.txt manifest_s*.json 2>/dev/null) \
+    && rm -f "$OUT"/export_s*.log "$OUT/export_wall.txt" "$OUT"/manifest_s*.json
 fi
 # MERGE=0: no merge (export only: merge in the next call; or bench /tmp/art/all as it is).
 if [ "${MERGE:-1}" != 0 ]; then
   t0=$(date +%s)
-  python3 cli.py merge /tmp/art/all /tmp/art/s* 2>&1 | tail -4
+  # a line per key as it is measured (kept in merge.log if the call ends first)
+  timeout ${MERGE_S:-9999} python3 cli.py merge /tmp/art/all /tmp/art/s* > "$OUT/merge.log" 2>&1; tail -4 "$OUT/merge.log"
   echo "merge wall (measures every key on the GPU): $(( $(date +%s) - t0 )) s" | tee "$OUT/merge_wall.txt"
   python3 cli.py report /tmp/art/all --format markdown > "$OUT/report.md"; python3 cli.py report /tmp/art/all --format json > "$OUT/report.json"
   cp /tmp/art/all/manifest.json "$OUT/"

@@ -153,6 +153,7 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
     if overrides:
         extra["inductor"] = overrides
     cxx = aoti_compiler() if cxx is None else cxx
+    timers = inductor_timers()
     with atomic_output(path) as tmp, _compiler(cxx):     # a failed build leaves no package behind
         torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp), inductor_configs=configs)
         bad = static_libstdcxx_objects(tmp)
@@ -161,7 +162,28 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
                                "Set the profile's aoti.cxx (or C2W_AOTI_CXX) to a g++ that links it "
                                "dynamically (e.g. /usr/bin/g++).")
     phases = {"export": exported - t0, "compile": time.perf_counter() - exported}   # compile: Inductor + C++ + package
-    return {**extra, "lifted_constants": len(lifted), "cxx": cxx, "build_phases": phases}
+    return {**extra, "lifted_constants": len(lifted), "cxx": cxx, "build_phases": phases,
+            "inductor_seconds": inductor_timers(since=timers)}
+
+
+# Inductor's own timers worth keeping per build (they nest: lowering and codegen are inside the
+# graph's compile; the C++ compile of the package is AotCodeCompiler.compile; Triton kernels are
+# compiled and, on CUDA, benchmarked inside the codegen). Names as in torch 2.11-2.13.
+INDUCTOR_TIMERS = ("fx_codegen_and_compile", "GraphLowering.run", "Scheduler.__init__", "Scheduler.codegen",
+                   "GraphLowering.codegen", "AotCodeCompiler.compile", "aoti_precompile_header",
+                   "async_compile.wait", "async_compile.precompile")
+
+
+def inductor_timers(since: dict | None = None) -> dict:
+    """Seconds Inductor's timers (torch._dynamo.utils.compilation_time_metrics) hold now, per name
+    of INDUCTOR_TIMERS that is present; with `since` (an earlier reading), what they grew by (a
+    timer below its earlier reading was cleared since, by dynamo: then all it holds)."""
+    from torch._dynamo.utils import compilation_time_metrics as metrics
+    now = {n: sum(metrics[n]) for n in INDUCTOR_TIMERS if n in metrics}
+    if since is None:
+        return now
+    grown = {n: v - since.get(n, 0.0) for n, v in now.items()}
+    return {n: round(d if d >= 0 else now[n], 2) for n, d in grown.items() if d != 0}
 
 
 class AOTIBuilder(Builder):

@@ -220,6 +220,10 @@ def test_merge_measures_what_shards_left_unmeasured_and_keeps_what_fits(measured
     assert result.exit_code == 0 and "0 keys over the budget of the whole by the shards' measurements" in result.output
     assert "measured together in a fresh process (host_anon)" in result.output, result.output
     assert "2 more keys over the budget by it" in result.output, result.output
+    # a line per key as it is measured, in plan order, with its load time (recorded on the entry)
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("measured ") and "/5 " in ln]
+    assert [ln.split()[2].rstrip(":") for ln in lines] == SMALL, result.output
+    assert [", over budget;" in ln for ln in lines] == [k in (HIFT58, HIFT50) for k in SMALL], result.output
     m = read_manifest(tmp_path / "all")
     status = {e.id: e.status for e in m.entries}
     assert [k for k in SMALL if status[k] == "built"] == [ENC150, ENC200, ENC100]
@@ -227,6 +231,8 @@ def test_merge_measures_what_shards_left_unmeasured_and_keeps_what_fits(measured
     assert not list((tmp_path / "all" / "onnxruntime").glob("hift*"))
     assert m.measured.keys == 3 and m.measured.total_bytes <= budget
     assert all(e.device_bytes is not None and e.memory_kind == "host_anon" for e in m.entries if e.status == "built")
+    assert all(e.extra["load_seconds"] > 0 for e in m.entries if e.status == "built")
+    assert m.measured.load_seconds > 0      # of the second process, which held only the kept keys
     assert recorded_ledger(m)[0].total() <= budget
     result = runner.invoke(app, ["verify", str(tmp_path / "all")])
     assert result.exit_code == 0 and "budget: measured together in a fresh process" in result.output, result.output
@@ -259,7 +265,7 @@ def test_a_key_whose_measurement_fails_is_failed_and_the_export_exits_1(measured
         def add(self, entry):
             if entry.id == HIFT58:
                 raise c2w.runtime.memory.MeasureError("the engine's load crashed (stand-in)")
-            return {"bytes": entry.device_bytes or 0, "shared": {}}
+            return {"bytes": entry.device_bytes or 0, "shared": {}, "seconds": 0.0}
     monkeypatch.setattr(c2w.runtime.memory, "MeasureProcess", FailsOnHift)
     d = _copy(measured, tmp_path)
     res = export_profile(_profile(90 * MiB), d)

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import c2w.exporter.backends.aoti as aoti
 import c2w.exporter.backends.tensorrt as tensorrt_builder
 import c2w.exporter.export as ex
 from c2w.exporter.backends import get_builder
@@ -170,6 +171,10 @@ def test_interrupted_export_keeps_what_it_built_and_resume_builds_only_the_rest(
     assert set(phases) == ({"export", "compile", "verify"} if backend == "aoti" else {"verify"})
     assert all(v >= 0 for v in phases.values()) and phases["verify"] > 0
     assert entries[second_key].build_seconds >= sum(phases.values()) - 0.05
+    if backend == "aoti":       # Inductor's own timers, each inside the compile (none on a cache hit)
+        timers = entries[second_key].extra["inductor_seconds"]
+        assert set(timers) <= set(aoti.INDUCTOR_TIMERS), timers
+        assert all(0 < v <= phases["compile"] + 0.05 for v in timers.values()), (timers, phases)
     assert kept.stat().st_mtime_ns == kept_stat.st_mtime_ns and kept.stat().st_ino == kept_stat.st_ino
 
     # complete: another run builds nothing

@@ -95,7 +95,7 @@ MALFORMED = [
     (_set("entries.0", "a"), r"an entry that is a JSON string, expected an object"),
     (_set("entries", {}), r"entries: a JSON object, expected a list"),
     (_set("measured", {"kind": "host_anon", "keys": 1}),
-     r"measured: fields \(kind, keys\), expected \(kind, keys, .*, total_bytes; optional: split\)"),
+     r"measured: fields \(kind, keys\), expected \(kind, keys, .*, total_bytes; optional: split, load_seconds\)"),
     (_set("measured.split", {"pool": 1.5}), r"measured.split: .*expected dict\[str, int\] \| None"),
     (_set("measured", {"error": 3}), r"measured.error: a JSON number \(3\), expected str"),
     (_set("entries.0.status", "done"), r"'done' is not a valid Status"),

@@ -12,11 +12,13 @@ def _entry(key_id, comp, nbytes, status="built"):
 
 
 def test_summarize_adds_up_in_load_order():
-    loads = [(_entry("a1", "a", 0), {"bytes": 7, "shared": {"a": 3}}), (_entry("b1", "b", 0), {"bytes": 2, "shared": {}}),
-             (_entry("a2", "a", 0), {"bytes": 5, "shared": {}})]
+    loads = [(_entry("a1", "a", 0), {"bytes": 7, "shared": {"a": 3}, "seconds": 1.5}),
+             (_entry("b1", "b", 0), {"bytes": 2, "shared": {}, "seconds": 0.25}),
+             (_entry("a2", "a", 0), {"bytes": 5, "shared": {}, "seconds": 0.0})]
     s = summarize({"a": 100, "b": 10}, loads)
     assert s["per_key"] == [["a1", 7, 110], ["b1", 2, 122], ["a2", 5, 127]]
     assert (s["total_bytes"], s["weight_bytes"], s["key_bytes"], s["engine_shared_bytes"]) == (127, 110, 14, {"a": 3, "b": 0})
+    assert s["load_seconds"] == 1.75
 
 
 def test_a_host_reading_grows_by_bytes_and_never_shrinks_below_zero():

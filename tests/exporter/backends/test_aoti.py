@@ -180,3 +180,21 @@ def test_build_compiles_the_specs_export_variant_where_it_has_one(monkeypatch, t
             tuple(inputs[4].shape[1:]), tuple(inputs[5].shape[1:]), (1,), (1,)]
     else:
         assert got_unit is unit and [a is t for a, t in zip(args, inputs)] == [True, True]
+
+
+def test_inductor_timers_report_what_each_build_added(monkeypatch):
+    """A build records how much each of Inductor's timers grew during it; a timer that dynamo
+    cleared in between counts from zero; timers that did not move are left out."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from c2w.exporter.backends.aoti import inductor_timers
+    metrics = {"GraphLowering.run": [1.0, 2.0], "AotCodeCompiler.compile": [5.0], "Scheduler.codegen": [1.0],
+               "not.a.kept.timer": [9.0]}
+    monkeypatch.setattr(dynamo_utils, "compilation_time_metrics", metrics)
+    before = inductor_timers()
+    assert before == {"GraphLowering.run": 3.0, "AotCodeCompiler.compile": 5.0, "Scheduler.codegen": 1.0}
+    metrics["GraphLowering.run"].append(0.5)
+    metrics["AotCodeCompiler.compile"][:] = [2.25]          # cleared, then 2.25 s
+    metrics["fx_codegen_and_compile"] = [4.0]
+    assert inductor_timers(since=before) == {"GraphLowering.run": 0.5, "AotCodeCompiler.compile": 2.25,
+                                             "fx_codegen_and_compile": 4.0}
