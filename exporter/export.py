@@ -3,7 +3,8 @@ measurement, write the manifest.
 
 One loop for every backend; a backend's builder only builds (exporter/backends/base.py):
 - every planned key is grouped with the keys sharing its artifact (one per key; TensorRT: one plan
-  per graph variant), and the shard K/N builds every N-th group;
+  per graph variant); the shard K/N builds its share of the groups, a family of keys that differ
+  only in cache lengths together (`shard_of_groups`: they share compiled kernels);
 - resumable: from the first build on, the manifest names every planned key (unreached ones as
   `pending`) and is rewritten atomically after every group; a group whose keys are all `built`
   with an unchanged identity (model digest, key, backend + version, torch, device, precision,
@@ -113,9 +114,40 @@ def artifact_groups(builder: Builder, plan: Plan, *, every_key: bool = False) ->
     return list(groups.items())
 
 
-def _in_shard(i: int, shard: tuple[int, int]) -> bool:
-    k, n = shard
-    return i % n == k - 1
+# Relative compile time of a group on the H200 (h200.yaml run 10, 24 shards: a CFM key's compile
+# took 337 s on average, an encoder or HiFT key's ~55 s), and of a group whose family was
+# compiled before on the same machine: its kernels hit the compile cache (a CFM key after another
+# of its batch and chunk size: 4-8 s of Triton compiles instead of 210-300 s; docs/ci.md).
+BUILD_WEIGHT = {"cfm": 6.0}
+WARM_FACTOR = 0.2
+
+
+def build_family(key) -> tuple:
+    """Keys of one family differ only in their cache lengths (UnitSpec.cache_dims): they have the
+    same rows, so most of their compiled kernels are the same."""
+    names = SPECS[key.component].dim_names
+    cache = SPECS[key.component].cache_dims
+    return (key.component, key.dtype) + tuple(v for n, v in zip(names, key.dims) if n not in cache)
+
+
+def shard_of_groups(groups: list[tuple[str, list[PlannedKey]]], n: int) -> list[int]:
+    """The shard (0 .. n-1) that builds each group: every group of a family in the same shard, so
+    that one machine compiles a family's kernels once and its later keys find them in the compile
+    cache; families in order of their first group, each to the shard with the least weight so far
+    (BUILD_WEIGHT; a family's later groups at WARM_FACTOR), ties to the lower shard. Depends on
+    the plan alone, so every shard of one export (on any machine) computes the same split."""
+    load = [0.0] * n
+    families: dict[tuple, list[int]] = {}
+    for i, (_, pks) in enumerate(groups):
+        families.setdefault(build_family(pks[0].key), []).append(i)
+    shard = [0] * len(groups)
+    for fam, members in families.items():
+        weight = BUILD_WEIGHT.get(fam[0], 1.0) * (1 + WARM_FACTOR * (len(members) - 1))
+        k = min(range(n), key=lambda j: (load[j], j))
+        load[k] += weight
+        for i in members:
+            shard[i] = k
+    return shard
 
 
 def export_profile(profile: Profile, out_dir: Path, *, dry_run: bool = False, shard: tuple[int, int] = (1, 1),
@@ -160,12 +192,14 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
                measure)
     if dry_run:                             # what the plan selects by its estimates
         groups = artifact_groups(builder, plan)
+        mine = _mine(groups, shard)
         for i, (name, pks) in enumerate(groups):
-            if _in_shard(i, shard):
+            if mine[i]:
                 progress(f"checking {name}", i, len(groups))
                 run.check(name, pks)
         return run.result
     groups = artifact_groups(builder, plan, every_key=True)
+    mine = _mine(groups, shard)
     if (out_dir / MANIFEST).is_file():
         run.read_previous()
     progress("identifying the keys (the model is set up)", 0, len(groups))   # its time: the model's set-up
@@ -177,7 +211,7 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
             for i, (name, pks) in enumerate(groups):
                 if name in reusable:
                     progress(f"{'measuring' if measure else 'keeping'} {name}", i, len(groups))
-                elif not _in_shard(i, shard) or run.still_over_budget(pks) or run.skip_by_estimate(pks):
+                elif not mine[i] or run.still_over_budget(pks) or run.skip_by_estimate(pks):
                     continue
                 else:
                     progress(f"building {name}", i, len(groups))
@@ -189,11 +223,17 @@ def _export(profile: Profile, out_dir: Path, dry_run: bool, shard: tuple[int, in
             run.measure_final()
     except KeyboardInterrupt:
         write_manifest(out_dir, run.manifest)
-        ids = {pk.key.id for i, (_, pks) in enumerate(groups) if _in_shard(i, shard) for pk in pks if pk.selected}
+        ids = {pk.key.id for i, (_, pks) in enumerate(groups) if mine[i] for pk in pks if pk.selected}
         built = sum(e.status == Status.BUILT and e.id in ids for e in run.manifest.entries)
         raise ExportInterrupted(built, len(ids)) from None
     write_manifest(out_dir, run.manifest)
     return run.result
+
+
+def _mine(groups: list, shard: tuple[int, int]) -> list[bool]:
+    """Per group, whether the shard K/N builds it (shard_of_groups)."""
+    k, n = shard
+    return [s == k - 1 for s in shard_of_groups(groups, n)]
 
 
 class _Run:

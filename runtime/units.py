@@ -154,6 +154,9 @@ class UnitSpec:
     tf32_off: dict = field(default_factory=dict)
     # dims whose value selects a different unit module (keys differing only in others share one)
     module_dims: tuple[str, ...] = ()
+    # dims that only set a cache's length: keys differing only in them compute on the same rows
+    # and share most compiled kernels (a sharded export builds them together, exporter/export.py)
+    cache_dims: tuple[str, ...] = ()
     export_variant: ExportVariant | None = None
     # dims an exported graph may leave dynamic, with the (min, max) it accepts; the others are static
     dynamic_dims: dict = field(default_factory=dict)                        # dim name -> (min, max)
@@ -186,16 +189,17 @@ class UnitSpec:
         (CPU emulation), and by 0.8-1.2e-2 between engine and eager on the H200, against 3.4e-3
         with a real chunk's cache (docs/numerics.md)."""
         g = generator or torch.Generator().manual_seed(0)
+        at = g.device               # drawn where the generator lives: a CUDA one skips the host copy
         out = []
         for name, shape, dtype in zip(self.input_names(key), self.input_shapes(cfg, key), self.input_dtypes(key)):
             if dtype == torch.int64:
-                t = torch.randint(0, cfg.vocab_size, shape, generator=g)
+                t = torch.randint(0, cfg.vocab_size, shape, generator=g, device=at)
             elif name == "cond":
-                t = torch.zeros(shape)           # streaming chunks condition on nothing
+                t = torch.zeros(shape, device=at)           # streaming chunks condition on nothing
             elif name == "source_cache":
-                t = torch.randn(shape, generator=g) * SOURCE_STD
+                t = torch.randn(shape, generator=g, device=at) * SOURCE_STD
             else:
-                t = torch.randn(shape, generator=g) * (0.5 if "cache" in name else 1.0)
+                t = torch.randn(shape, generator=g, device=at) * (0.5 if "cache" in name else 1.0)
             out.append(t.to(device=device, dtype=dtype))
         return out
 
@@ -300,6 +304,7 @@ SPECS: dict[str, UnitSpec] = {
         build=lambda model, k: FlowEncoderUnit(model, bool(k.dim("last"))),
         rtol=_MIXED,
         module_dims=("last",),
+        cache_dims=("C",),
         dynamic_dims={"B": BATCH_RANGE, "N": (4, 512), "C": (1, 4096)},
         dynamic_axes=_enc_dynamic,
         graph_variant=lambda k: "flow_encoder-last" if k.dim("last") else "flow_encoder"),
@@ -315,6 +320,7 @@ SPECS: dict[str, UnitSpec] = {
         # AOTI compiles one Euler step and the runtime replays it n_steps times (docs/aoti.md)
         export_variant=ExportVariant(build=lambda model: CFMStepUnit(model), inputs=_cfm_step_inputs,
                                      extra=lambda cfg: {"cfm_step": True, "n_steps": cfg.n_timesteps}),
+        cache_dims=("L",),
         dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
         dynamic_axes=_cfm_dynamic),
     "hift": UnitSpec(

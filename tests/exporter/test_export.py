@@ -457,3 +457,28 @@ def test_export_threads_are_one_on_cuda_and_torchs_own_on_the_cpu_unless_asked(m
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
     monkeypatch.setattr(ex, "_export", lambda *a: "done")
     assert export_profile(p, tmp_path / "o", threads=2) == "done" and set_to == [2, 7]
+
+
+def test_shards_build_each_family_of_keys_together_and_balance_their_weight():
+    """A family (keys that differ only in cache lengths: the CFM's L, the encoder's C) goes to one
+    shard, whose later keys then find the family's kernels in the compile cache; families go in
+    order of first appearance to the least-loaded shard (a CFM family weighs 6, others 1, each
+    later key of a family 0.2 of that), ties to the lower shard."""
+    from types import SimpleNamespace
+
+    from c2w.exporter.export import build_family, shard_of_groups
+
+    def group(component, **dims):
+        key = ShapeKey.named(component, "float16" if component != "hift" else "float32", **dims)
+        return key.id, [SimpleNamespace(key=key)]
+    groups = [group("cfm", B=1, T=50, L=300), group("cfm", B=1, T=50, L=350), group("cfm", B=2, T=50, L=300),
+              group("flow_encoder", B=1, N=28, C=300, last=0), group("flow_encoder", B=1, N=28, C=350, last=0),
+              group("hift", B=1, F=58, S=3840), group("cfm", B=1, T=150, L=300), group("hift", B=1, F=50, S=0)]
+    assert build_family(groups[0][1][0].key) == build_family(groups[1][1][0].key) == ("cfm", "float16", 1, 50)
+    assert build_family(groups[0][1][0].key) != build_family(groups[6][1][0].key)
+    # loads after each family: A (7.2, 0), B (7.2, 6), C (7.2, 7.2), D (8.2, 7.2), E (8.2, 13.2), F (9.2, 13.2)
+    assert shard_of_groups(groups, 2) == [0, 0, 1, 1, 1, 0, 1, 0]
+    assert shard_of_groups(groups, 1) == [0] * 8
+    # (7.2, 0, 0), (7.2, 6, 0), (7.2, 6, 1.2), (7.2, 6, 2.2), (7.2, 6, 8.2), (7.2, 7, 8.2)
+    assert shard_of_groups(groups, 3) == [0, 0, 1, 2, 2, 2, 2, 1]
+    assert set(shard_of_groups(groups, 8)) == set(range(6))       # six families: two shards get none

@@ -146,7 +146,7 @@ def test_one_plan_per_graph_variant_and_shards_never_split_one():
     groups = _groups(_profile())
     assert {name: len(pks) for name, pks in groups} == {
         "flow_encoder-float32": 3, "cfm-float32": 3, "hift-F50-float32": 1, "hift-F58-cached-float32": 1}
-    shards = [[name for i, (name, _) in enumerate(groups) if ex._in_shard(i, (k, 2))] for k in (1, 2)]
+    shards = [[name for (name, _), s in zip(groups, ex.shard_of_groups(groups, 2)) if s == k] for k in (0, 1)]
     assert sorted(shards[0] + shards[1]) == sorted(name for name, _ in groups) and all(shards)
 
 
