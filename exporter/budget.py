@@ -138,7 +138,8 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
 
 
 def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
-                        on_key: Callable[[int, int, Entry, Ledger], None] | None = None) -> tuple[list[Entry], str | None]:
+                        on_key: Callable[[int, int, Entry, Ledger], None] | None = None
+                        ) -> tuple[list[Entry], str | None]:
     """Hold the budget for built keys no export measured (a merge of `--measure-at-merge` shards),
     as an export does while it builds: in plan order, each built key is loaded into one fresh
     measurement process next to the keys kept before it and measured there; it is kept if its

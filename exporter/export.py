@@ -48,7 +48,7 @@ from c2w.runtime.manifest import (MANIFEST, BackendRef, Entry, ForeignManifestEr
                               write_manifest)
 from c2w.runtime.model.weights import Code2Wav
 from c2w.runtime.precision import load_at_precision, set_tf32
-from c2w.runtime.units import SPECS
+from c2w.runtime.units import SPECS, ShapeKey
 from c2w.runtime.verify import check_entry, device_name, weights_layout
 
 log = logging.getLogger("c2w.export")
@@ -122,7 +122,7 @@ BUILD_WEIGHT = {"cfm": 6.0}
 WARM_FACTOR = 0.2
 
 
-def build_family(key) -> tuple:
+def build_family(key: ShapeKey) -> tuple:
     """Keys of one family differ only in their cache lengths (UnitSpec.cache_dims): they have the
     same rows, so most of their compiled kernels are the same."""
     names = SPECS[key.component].dim_names

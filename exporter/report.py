@@ -130,7 +130,8 @@ def _totals(m: Manifest, s: dict) -> list[str]:
         lines.append(f"budget {mib(s['budget_bytes'])} MiB; the directory has not been measured together in a fresh "
                      "process (merged from shards, or exported by an older c2w): c2w verify measures it")
     if s["unmeasured_keys"]:
-        lines.append(f"{len(s['unmeasured_keys'])} built keys have no measurement (exported by an older c2w)")
+        lines.append(f"{len(s['unmeasured_keys'])} built keys have no measurement (a --measure-at-merge shard's, "
+                     "which c2w merge measures, or an older c2w's)")
     phases = ", ".join(f"{k} {v}" for k, v in s["build_phases"].items())
     lines.append(", ".join(f"{v} {k}" for k, v in sorted(s["counts"].items())) + f"; build {s['build_seconds']} s"
                  + (f" ({phases})" if phases else ""))

@@ -135,7 +135,8 @@ class Resident:
     def add(self, entry: Entry) -> dict:
         """Load `entry` next to the engines held, run it once, keep it: {"bytes": its own
         resident bytes, "shared": {component: bytes} when this was the component's first entry,
-        "seconds": the time this took (the load and first run of a serving process, plus readings)}."""
+        "seconds": the time this took: its load and first run (twice for a component's first entry,
+        which is primed) and the readings}."""
         if entry.id in self.engines:
             raise ValueError(f"{entry.id} is loaded already")
         with gpu_turn(self.device):
