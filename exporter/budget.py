@@ -80,6 +80,14 @@ class Ledger:
                 f"{mib(sum(n for _, n in self.kept.values()))} MiB")
 
 
+def record_load(entry: Entry, got: dict) -> None:
+    """Keep on `entry.extra` what its load into a measurement process showed (`MeasureProcess.add`'s
+    reply): "load_seconds" (its load and first run) and, on CUDA, "memory_split" (its bytes as
+    PyTorch-allocated, graph pool and outside the allocator: what the planner's estimate is fitted to)."""
+    split = {part: got[part] for part in ("allocated", "pool", "outside") if part in got}
+    entry.extra = {**(entry.extra or {}), "load_seconds": got["seconds"], **({"memory_split": split} if split else {})}
+
+
 def recorded_ledger(m: Manifest) -> tuple[Ledger, list[str]]:
     """The manifest's built entries as the export measured them, and the ids of built entries
     with no measurement (written by a c2w before the budget was measured)."""
@@ -158,7 +166,7 @@ def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
                 for comp, n in got["shared"].items():
                     ledger.shared.setdefault(comp, n)
                 e.device_bytes, e.memory_kind = got["bytes"], kind
-                e.extra = {**(e.extra or {}), "load_seconds": got["seconds"]}
+                record_load(e, got)
                 if ledger.fits(e.component, e.device_bytes):
                     ledger.keep(e)
                     held.append((e, got))

@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from c2w.exporter.backends import Builder, BuildJob, get_builder
-from c2w.exporter.budget import Ledger, fit_by_measurement, remove_unused_artifacts
+from c2w.exporter.budget import Ledger, fit_by_measurement, record_load, remove_unused_artifacts
 from c2w.exporter.plan import Plan, PlannedKey, make_plan, precision_weights, require_selection
 from c2w.exporter.profile import Profile
 from c2w.runtime import memory
@@ -421,7 +421,7 @@ class _Run:
             self.held = [(self.entry(k), self.probe.add(self.entry(k))) for k in self.ledger.kept]
             self.only_kept_loaded = True
         got = self.probe.add(e)
-        e.extra = {**(e.extra or {}), "load_seconds": got["seconds"]}
+        record_load(e, got)
         for comp, n in got["shared"].items():
             self.ledger.shared.setdefault(comp, n)      # a resumed export keeps the recorded number
         self.held.append((e, got))

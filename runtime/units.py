@@ -180,26 +180,30 @@ class UnitSpec:
         return tuple(axes.get(n, {}) for n in names)
 
     def example_inputs(self, cfg, key: ShapeKey, generator: torch.Generator | None = None,
-                       device="cpu") -> list[torch.Tensor]:
+                       device="cpu", seed: int = 0) -> list[torch.Tensor]:
         """Random inputs of the key's exact shapes: tokens within the vocab, the HiFT source cache
         ~ N(0, 0.05) (the scale of the NSF source a chunk leaves behind), other caches ~ N(0, 0.5).
+
+        Drawn from `generator` where it lives (default: a new one on `device`, seeded with `seed`),
+        straight in each input's dtype. A B=32 CFM key's 4.2 G cache values drawn on the host in
+        float32 and then copied took ~26 s and ~17 GB of host memory per key; several shards of a
+        sweep doing so at once exhausted the host.
 
         The source cache's scale matters under TF32: at N(0, 0.5), ten times a real source, the
         steady HiFT's speech moved by 2.5e-2 rel-L2 between exact fp32 and TF32-rounded convs
         (CPU emulation), and by 0.8-1.2e-2 between engine and eager on the H200, against 3.4e-3
         with a real chunk's cache (docs/numerics.md)."""
-        g = generator or torch.Generator().manual_seed(0)
-        at = g.device               # drawn where the generator lives: a CUDA one skips the host copy
+        g = generator or torch.Generator(device=torch.device(device)).manual_seed(seed)
+        at = g.device
         out = []
         for name, shape, dtype in zip(self.input_names(key), self.input_shapes(cfg, key), self.input_dtypes(key)):
             if dtype == torch.int64:
                 t = torch.randint(0, cfg.vocab_size, shape, generator=g, device=at)
             elif name == "cond":
-                t = torch.zeros(shape, device=at)           # streaming chunks condition on nothing
-            elif name == "source_cache":
-                t = torch.randn(shape, generator=g, device=at) * SOURCE_STD
+                t = torch.zeros(shape, dtype=dtype, device=at)     # streaming chunks condition on nothing
             else:
-                t = torch.randn(shape, generator=g, device=at) * (0.5 if "cache" in name else 1.0)
+                t = torch.randn(shape, generator=g, dtype=dtype, device=at)
+                t.mul_(SOURCE_STD if name == "source_cache" else 0.5 if "cache" in name else 1.0)
             out.append(t.to(device=device, dtype=dtype))
         return out
 
@@ -263,7 +267,8 @@ def _cfm_step_inputs(cfg, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     mu, spk, cond, x0, cnn, att = inputs
     s = torch.zeros(1, dtype=torch.int64, device=mu.device)
     dt = torch.full((1,), 0.1, dtype=torch.float32, device=mu.device)
-    return [mu, spk, cond, x0, cnn[0].contiguous(), att[0].contiguous(), s, dt]
+    # copies, so that the ten steps' caches are freed once the caller drops them (a B=32 key's: ~8 GB)
+    return [mu, spk, cond, x0, cnn[0].clone(), att[0].clone(), s, dt]
 
 
 BATCH_RANGE = (1, 256)      # B of a graph with a dynamic batch

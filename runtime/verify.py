@@ -94,7 +94,7 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
     unit = (unit if unit is not None else spec.build(model, key)).eval()
     engine = backend.load(artifact_info(out_dir, entry, model.cfg), unit_weights(unit), device)
     try:
-        inputs = spec.example_inputs(model.cfg, key, torch.Generator().manual_seed(VERIFY_SEED), device=device)
+        inputs = spec.example_inputs(model.cfg, key, seed=VERIFY_SEED, device=device)
         got = engine.run(inputs)
         with torch.inference_mode():
             want = list(unit(*inputs))

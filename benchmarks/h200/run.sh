@@ -15,17 +15,24 @@ if [ -z "${SKIP_EXPORT:-}" ]; then
   t0=$(date +%s)
   # the shards share this GPU: none measures memory, c2w merge does (docs/budget.md)
   MEASURE=$([ "$N" -gt 1 ] && echo --measure-at-merge || echo "")
+  # host and device memory in use every 10 s (MiB): a shard the kernel kills for memory leaves no traceback
+  ( while sleep 10; do echo "$(( $(date +%s) - t0 )) s: host $(free -m | awk '/^Mem:/{print $3}'), GPU" \
+      "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits)"; done ) > "$OUT/memory_trace.txt" &
+  tracer=$!; pids=()
   for k in $(seq 1 $N); do
-    timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N $MEASURE \
-      > "$OUT/export_s$k.log" 2>&1 &
+    # each log ends with the shard's exit status (137: killed, e.g. for memory; 124: the timeout)
+    { timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N $MEASURE
+      echo "exit status $?"; } > "$OUT/export_s$k.log" 2>&1 &
+    pids+=($!)
   done
-  wait
-  echo "export wall: $(( $(date +%s) - t0 )) s" | tee "$OUT/export_wall.txt"
+  wait "${pids[@]}"; kill $tracer
+  echo "export wall: $(( $(date +%s) - t0 )) s; shards not ending 0: $(grep -L 'exit status 0$' "$OUT"/export_s*.log | xargs -r -n1 basename | tr '\n' ' ')" \
+    | tee "$OUT/export_wall.txt"
   # the device tool returns a limited number of files: one archive for the shard logs
   # and each shard's manifest (per-key build phases and Inductor's timers)
   for d in /tmp/art/s*; do [ -f "$d/manifest.json" ] && cp "$d/manifest.json" "$OUT/manifest_$(basename "$d").json"; done
-  tar czf "$OUT/export_logs.tgz" -C "$OUT" $(cd "$OUT" && ls export_s*.log export_wall.txt manifest_s*.json 2>/dev/null) \
-    && rm -f "$OUT"/export_s*.log "$OUT/export_wall.txt" "$OUT"/manifest_s*.json
+  tar czf "$OUT/export_logs.tgz" -C "$OUT" $(cd "$OUT" && ls export_s*.log export_wall.txt manifest_s*.json memory_trace.txt 2>/dev/null) \
+    && rm -f "$OUT"/export_s*.log "$OUT"/manifest_s*.json "$OUT/memory_trace.txt"
 fi
 # MERGE=0: no merge (export only: merge in the next call; or bench /tmp/art/all as it is).
 if [ "${MERGE:-1}" != 0 ]; then

@@ -47,7 +47,7 @@ class BuildJob:
     findings: list = field(default_factory=list)   # compatibility findings to show the user
 
     def example_inputs(self, key: ShapeKey) -> list[torch.Tensor]:
-        return SPECS[key.component].example_inputs(self.model.cfg, key, torch.Generator().manual_seed(EXAMPLE_SEED),
+        return SPECS[key.component].example_inputs(self.model.cfg, key, seed=EXAMPLE_SEED,
                                                    device=self.device)
 
 

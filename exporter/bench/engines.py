@@ -143,7 +143,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
     for e in built:
         key = entry_key(e)
         spec = SPECS[key.component]
-        inputs = spec.example_inputs(model.cfg, key, torch.Generator().manual_seed(7), device=device)
+        inputs = spec.example_inputs(model.cfg, key, seed=7, device=device)
         row = {"id": e.id, "component": key.component, "dims": e.dims, "dtype": e.dtype,
                "build_seconds": e.build_seconds, "device_bytes": e.device_bytes}
         row["eager"] = timed(lambda: eager.run(key, inputs), device, warmup, reps)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import c2w.exporter.export as ex
 from c2w.cli import app
-from c2w.exporter.budget import Ledger, measurement_slack, recorded_ledger
+from c2w.exporter.budget import Ledger, measurement_slack, record_load, recorded_ledger
 from c2w.exporter.export import export_profile
 from c2w.exporter.plan import make_plan, precision_weights
 from c2w.exporter.report import render, summary
@@ -315,3 +315,16 @@ def test_measurement_slack_is_two_percent_with_a_floor_of_two_mib():
     from c2w.exporter.budget import MEASURE_FLOOR_BYTES
     assert measurement_slack(47 * MiB) == MEASURE_FLOOR_BYTES == 2 * MiB
     assert measurement_slack(10 * 2**30) == pytest.approx(0.02 * 10 * 2**30)
+
+
+def test_a_load_records_its_time_and_on_cuda_its_memory_split():
+    """What the estimate is fitted to: each measured key's bytes split as the device reading split
+    them (CUDA replies carry the split; host ones do not, and record none)."""
+    cuda, host = _entry("a", "cfm", None), _entry("b", "hift", None)
+    cuda.extra = {"cfm_step": True}
+    record_load(cuda, {"bytes": 6 << 20, "allocated": 4 << 20, "pool": 2 << 20, "outside": 0, "shared": {},
+                       "seconds": 0.5})
+    record_load(host, {"bytes": 3 << 20, "shared": {}, "seconds": 0.25})
+    assert cuda.extra == {"cfm_step": True, "load_seconds": 0.5,
+                          "memory_split": {"allocated": 4 << 20, "pool": 2 << 20, "outside": 0}}
+    assert host.extra == {"load_seconds": 0.25}
