@@ -135,6 +135,10 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
         unit = variant.build(model).eval()
         inputs = variant.inputs(model.cfg, inputs)
         extra.update(variant.extra(model.cfg))
+        if inputs[0].is_cuda:
+            # the unit's whole inputs are freed now (a B=32 CFM key's ten steps of caches: ~8 GB);
+            # hand them back to the device, which the other shards' builds share, for the compile
+            torch.cuda.empty_cache()
     ep = torch.export.export(unit, tuple(inputs), strict=False)
     exported = time.perf_counter()
     # Constants the export lifted from tensors built in forward (HiFT's shape-specific
