@@ -186,8 +186,7 @@ class UnitSpec:
 
         Drawn from `generator` where it lives (default: a new one on `device`, seeded with `seed`),
         straight in each input's dtype. A B=32 CFM key's 4.2 G cache values drawn on the host in
-        float32 and then copied took ~26 s and ~17 GB of host memory per key; several shards of a
-        sweep doing so at once exhausted the host.
+        float32 and then copied took ~26 s and ~17 GB of host memory, in every shard building one.
 
         The source cache's scale matters under TF32: at N(0, 0.5), ten times a real source, the
         steady HiFT's speech moved by 2.5e-2 rel-L2 between exact fp32 and TF32-rounded convs
