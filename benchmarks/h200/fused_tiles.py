@@ -13,6 +13,7 @@ of tile shapes, warps and pipeline stages, and reports per shape:
 Times are per launch: 20 launches per graph, median of the replays.
 
 Usage (device): python3 benchmarks/h200/fused_tiles.py --out $OUT [--rows 100] [--seconds 150]
+  [--shapes conv1,conv2] (the time budget is split evenly over the products tuned)
 CPU check of the script itself (reference and kernel paths, two configurations, fp32, under
 Triton's interpreter): TRITON_INTERPRET=1 python3 benchmarks/h200/fused_tiles.py --check
 """
@@ -140,6 +141,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100, help="2B x T (100: B=1, T=50)")
     ap.add_argument("--frames", type=int, default=50, help="T (rows must be a multiple)")
     ap.add_argument("--seconds", type=float, default=150, help="stop trying configurations after this long")
+    ap.add_argument("--shapes", default=",".join(SHAPES),
+                    help=f"comma-separated products to tune (default all: {','.join(SHAPES)})")
     ap.add_argument("--check", action="store_true", help="CPU check of the script (see the docstring)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
@@ -149,8 +152,13 @@ def main() -> None:
     dev, t0 = torch.device("cuda"), time.time()
     res = {"rows": a.rows, "frames": a.frames, "commit": os.environ.get("C2W_COMMIT", "unknown"),
            "device": torch.cuda.get_device_name(), "shapes": {}}
-    budget = a.seconds / len(SHAPES)
-    for name, shape in SHAPES.items():
+    names = [n for n in a.shapes.split(",") if n]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes: {unknown} are not products of a block; expected some of {list(SHAPES)}")
+    budget = a.seconds / len(names)
+    for name in names:
+        shape = SHAPES[name]
         t = make_inputs(shape, a.rows, a.frames, torch.float16, dev)
         want = reference(shape, t)
         product_in = t["x"] if shape[2] == 1 else torch.randn(a.rows, shape[2] * shape[0], device=dev).half()
