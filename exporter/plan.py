@@ -1,6 +1,8 @@
 """Sweep planning: the exact ShapeKeys a profile's streams hit, their byte estimates, the budget cut.
 
-The keys come from exporter.sessions (the schedule's streams). The budget is filled in one order:
+The keys come from exporter.sessions (the schedule's streams), their bytes from exporter.estimate:
+each key is estimated next to the keys selected before it in the plan's order (on CUDA, AOTInductor
+keys share one graph pool, so what a key adds depends on them). The budget is filled in one order:
 without a `traffic` section, the profile's priority (categories, then small batches first); with
 one, expected milliseconds saved per byte under that traffic (exporter.traffic), and the plan
 carries the predicted engine hit rate and saved time, next to what the priority order would give.
@@ -10,18 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from c2w.exporter import traffic
+from c2w.exporter.estimate import FixedSizes, GraphPoolSizes, estimate_bytes, key_sizes
 from c2w.exporter.sessions import stream_keys  # noqa: F401  (the planner's keys; callers import it from here)
-from c2w.runtime.engines.aoti import GRAPH_MAX_BYTES, nbytes, step_graph_inputs
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.config import ModelConfig
-from c2w.runtime.units import DTYPES, SPECS, ShapeKey, tensor_bytes
+from c2w.runtime.units import DTYPES, SPECS, ShapeKey
 
 
 @dataclass(frozen=True)
 class PlannedKey:
     key: ShapeKey
     category: str                 # first | steady | setup | tail | extra
-    est_bytes: int                # per-key resident device bytes, eager weights excluded (estimate_bytes)
+    est_bytes: int                # device bytes it adds next to the selected keys before it (weights excluded)
     selected: bool = False
     calls_per_session: float | None = None    # with traffic: expected calls of this key per session
     saved_ms_per_call: float | None = None    # with traffic: eager minus engine ms
@@ -53,49 +55,6 @@ class Plan:
         return weights + sum(e.est_bytes for e in self.selected)
 
 
-def estimate_bytes(cfg: ModelConfig, key: ShapeKey, backend: str = "", device: str = "cpu",
-                   weights: dict[str, int] | None = None) -> int:
-    """Per-key device bytes, the eager weights excluded: what the key keeps resident once loaded
-    and run (the quantity runtime.memory measures). AOTInductor on CUDA: `aoti_cuda_bytes`.
-    Otherwise inputs + outputs (about the inputs' size, caches grow by T frames) + a workspace as
-    large as the largest input. A planning estimate only: the export measures every key it keeps."""
-    if backend == "aoti" and device.startswith("cuda"):
-        return aoti_cuda_bytes(cfg, key, weights or {})
-    spec = SPECS[key.component]
-    sizes = [tensor_bytes(shape, dt) for shape, dt in zip(spec.input_shapes(cfg, key), spec.input_dtypes(key))]
-    return 2 * sum(sizes) + max(sizes)
-
-
-# AOTInductor on CUDA, fitted to the 26 keys of benchmarks/serving/results/run8/manifest.json (H200,
-# torch 2.11, each key measured next to the ones before it; docs/budget.md): a loaded package's
-# own device memory (its kernels) is ~34 MiB; a key captured in CUDA graphs (runtime.engines.aoti:
-# one graph's inputs within GRAPH_MAX_BYTES) adds its static inputs and outputs and its share of
-# the graph pool, together ~3x the graph's inputs; HiFT's package holds its own weights, and its
-# graph's intermediates (the upsampled signal) need ~1,000 bytes per output sample.
-AOTI_PACKAGE_BYTES = 34 << 20
-AOTI_GRAPH_BASE_BYTES = 20 << 20
-AOTI_GRAPH_INPUT_FACTOR = 3
-HIFT_GRAPH_BYTES_PER_SAMPLE = 1000
-
-
-def aoti_cuda_bytes(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int]) -> int:
-    """An AOTInductor key's resident device bytes on CUDA (the constants above). An engine too
-    large to capture keeps nothing resident but its package: its outputs are fresh per call.
-    weights: per-component weight bytes (HiFT's package carries its own copy)."""
-    spec = SPECS[key.component]
-    shapes, dtypes = list(spec.input_shapes(cfg, key)), list(spec.input_dtypes(key))
-    if spec.export_variant is not None and spec.export_variant.extra(cfg).get("cfm_step"):
-        shapes, dtypes = step_graph_inputs(shapes, dtypes)
-    graph_in = nbytes(shapes, dtypes)
-    if graph_in > GRAPH_MAX_BYTES:
-        return AOTI_PACKAGE_BYTES
-    if key.component == "hift":
-        samples = key.dim("B") * key.dim("F") * cfg.hift.samples_per_frame
-        return (max(AOTI_PACKAGE_BYTES, AOTI_GRAPH_BASE_BYTES + 2 * graph_in) + weights.get("hift", 0)
-                + HIFT_GRAPH_BYTES_PER_SAMPLE * samples)
-    return max(AOTI_PACKAGE_BYTES, AOTI_GRAPH_BASE_BYTES + AOTI_GRAPH_INPUT_FACTOR * graph_in)
-
-
 def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
     """Bytes of each component's weights, counted once. dtypes: component -> its policy's dtype
     name, which the floating-point tensors of its precision modules take (Code2Wav.precision_modules;
@@ -114,17 +73,21 @@ def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
     return out
 
 
-def _fill(ordered: list[ShapeKey], est: dict[ShapeKey, int], weights: dict[str, int], budget: int,
-          shares_weights: bool) -> dict[ShapeKey, bool]:
-    """Select keys in `ordered` order while they fit; a component's weights count with its first key."""
-    chosen, used, charged = {}, 0, set()
+def _fill(ordered: list[ShapeKey], sizes: GraphPoolSizes | FixedSizes, weights: dict[str, int], budget: int,
+          shares_weights: bool) -> tuple[dict[ShapeKey, bool], dict[ShapeKey, int]]:
+    """Select keys in `ordered` order while they fit; a component's weights count with its first key.
+
+    sizes: a fresh load (exporter.estimate.key_sizes): each key is estimated next to the keys selected
+    before it, and only a selected key joins the load. -> (selected?, estimate) per key."""
+    chosen, est, used, charged = {}, {}, 0, set()
     for key in ordered:
         w = 0 if (shares_weights and key.component in charged) else weights[key.component]
+        est[key] = sizes.cost(key)
         chosen[key] = used + w + est[key] <= budget
         if chosen[key]:
-            used += w + est[key]
+            used += w + sizes.add(key)
             charged.add(key.component)
-    return chosen
+    return chosen, est
 
 
 def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights: bool = True) -> Plan:
@@ -140,19 +103,25 @@ def make_plan(cfg: ModelConfig, profile, weights: dict[str, int], shares_weights
         if key not in first_cat or rank[cat] < rank[first_cat[key]]:
             first_cat[key] = cat
     by_priority = sorted(first_cat, key=lambda k: (rank[first_cat[k]], k.dim("B"), k.component, k.dims))
-    est = {k: estimate_bytes(cfg, k, profile.backend, profile.device, weights) for k in by_priority}
+
+    def fill(ordered: list[ShapeKey]) -> tuple[dict[ShapeKey, bool], dict[ShapeKey, int]]:
+        sizes = key_sizes(cfg, ordered, profile.backend, profile.device, weights)
+        return _fill(ordered, sizes, weights, profile.budget_bytes, shares_weights)
+
     if profile.traffic is None:
-        chosen = _fill(by_priority, est, weights, profile.budget_bytes, shares_weights)
+        chosen, est = fill(by_priority)
         plan = Plan([PlannedKey(k, first_cat[k], est[k], chosen[k]) for k in by_priority], weights,
                     profile.budget_bytes, shares_weights)
     else:
         use = traffic.usage(cfg, profile, by_priority)
-        ordered = traffic.rank_keys(by_priority, use.value, est, weights, shares_weights)
-        chosen = _fill(ordered, est, weights, profile.budget_bytes, shares_weights)
+        # ranked by each key's bytes on its own (the load order is what the ranking decides)
+        alone = {k: estimate_bytes(cfg, k, profile.backend, profile.device, weights) for k in by_priority}
+        ordered = traffic.rank_keys(by_priority, use.value, alone, weights, shares_weights)
+        chosen, est = fill(ordered)
         plan = Plan([PlannedKey(k, first_cat[k], est[k], chosen[k], use.calls.get(k, 0.0), use.timings[k].saved_ms)
                      for k in ordered], weights, profile.budget_bytes, shares_weights, timing_source=use.timing_source)
         plan.prediction = use.predict([k for k in ordered if chosen[k]])
-        old = _fill(by_priority, est, weights, profile.budget_bytes, shares_weights)
+        old, _ = fill(by_priority)
         plan.baseline = use.predict([k for k in by_priority if old[k]])
     entries = plan.entries
     if entries and not any(e.selected for e in entries):

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from c2w.exporter.estimate import FixedSizes, estimate_bytes
 from c2w.exporter.plan import Plan, PlannedKey, _fill, dims_str, make_plan, precision_weights, require_selection
 from c2w.exporter.profile import load_profile
 from c2w.runtime.errors import C2WUserError
@@ -37,9 +38,11 @@ def test_fill_charges_a_components_weights_with_its_first_key_only_when_engines_
     """Budget 75, weights 50 per component: with shared weights two CFM keys fit (50 + 10 + 10) and
     HiFT (50 + 5 more) does not; with a copy of the weights per key only the first CFM key fits."""
     est, weights = {CFM_A: 10, CFM_B: 10, HIFT: 5}, {"cfm": 50, "hift": 50}
-    assert _fill([CFM_A, CFM_B, HIFT], est, weights, 75, True) == {CFM_A: True, CFM_B: True, HIFT: False}
-    assert _fill([CFM_A, CFM_B, HIFT], est, weights, 75, False) == {CFM_A: True, CFM_B: False, HIFT: False}
-    assert _fill([HIFT, CFM_A], est, weights, 55, True) == {HIFT: True, CFM_A: False}      # equal to the budget fits
+    assert _fill([CFM_A, CFM_B, HIFT], FixedSizes(est), weights, 75, True) == \
+        ({CFM_A: True, CFM_B: True, HIFT: False}, est)
+    assert _fill([CFM_A, CFM_B, HIFT], FixedSizes(est), weights, 75, False)[0] == \
+        {CFM_A: True, CFM_B: False, HIFT: False}
+    assert _fill([HIFT, CFM_A], FixedSizes(est), weights, 55, True)[0] == {HIFT: True, CFM_A: False}   # = budget fits
 
 
 def test_planned_total_counts_the_selected_keys_and_their_weights():
@@ -69,27 +72,38 @@ def test_dims_str_names_each_dim_of_the_key():
     assert dims_str(ShapeKey("flow_encoder", (2, 28, 100, 0), "float32")) == "B=2 N=28 C=100 last=0"
 
 
-def test_the_aoti_cuda_estimate_follows_what_the_h200_measured():
-    """The estimate of an AOTInductor key on CUDA against the 26 full-size keys measured on the
-    H200 in serving run 8 (each loaded next to the keys before it, so a key whose intermediates
-    fit in the graph pool others left behind measures low): within 15 % or 16 MiB for at least
-    18 keys, the sum within 5 % of the measured keys' sum. The estimate it replaced summed to
-    8.3x the measurement (a B=32 CFM key: 24 GiB for ~34 MiB measured)."""
+def test_aoti_cuda_keys_are_estimated_next_to_the_selected_keys_before_them():
+    """h200.yaml (AOTInductor on CUDA, run 10's weight bytes): each entry's est_bytes is what it adds
+    to a load of the selected keys before it in plan order (exporter.estimate.GraphPoolSizes), the
+    ranking's own per-key estimate aside; a key the budget skips does not join the load. All 96 keys
+    fit the 100 GiB budget; with a budget that skips one, the keys after it are estimated without it."""
     from pathlib import Path
 
-    from c2w.exporter.plan import AOTI_PACKAGE_BYTES, estimate_bytes
+    from c2w.exporter.estimate import GraphPoolSizes
     from c2w.runtime.manifest import read_manifest
     from c2w.runtime.model.config import preset
-    m = read_manifest(Path(__file__).parents[2] / "benchmarks" / "serving" / "results" / "run8")
-    cfg, built = preset("full"), [e for e in m.entries if e.device_bytes is not None]
-    assert len(built) == 26 and m.backend.name == "aoti" and "H200" in m.device
-    est = {e.id: estimate_bytes(cfg, ShapeKey.named(e.component, e.dtype, **e.dims), "aoti", "cuda", m.weight_bytes)
-           for e in built}
-    close = [e.id for e in built if abs(est[e.id] - e.device_bytes) <= max(0.15 * e.device_bytes, 16 << 20)]
-    assert len(close) >= 18, sorted(set(est) - set(close))
-    measured = sum(e.device_bytes for e in built)
-    assert abs(sum(est.values()) - measured) <= 0.05 * measured
-    assert est["cfm-B32-T150-L400-float16"] == AOTI_PACKAGE_BYTES       # too large to capture: its package only
-    # other backends and devices keep the inputs-and-workspace estimate
-    key = ShapeKey.named("cfm", "float16", B=32, T=150, L=400)
-    assert estimate_bytes(cfg, key, "aoti", "cpu") == estimate_bytes(cfg, key) > 20 * 2**30
+    cfg, p = preset("full"), load_profile("h200")
+    weights = read_manifest(Path(__file__).parents[2] / "benchmarks" / "h200" / "results" / "run10_sweep").weight_bytes
+
+    def replayed(plan):
+        pool, out = GraphPoolSizes(cfg, weights), []
+        for e in plan.entries:
+            out.append(pool.cost(e.key))
+            if e.selected:
+                pool.add(e.key)
+        return out
+
+    plan = make_plan(cfg, p, weights)
+    assert len(plan.entries) == len(plan.selected) == 96
+    assert [e.est_bytes for e in plan.entries] == replayed(plan)
+    # a budget 1 MiB short of the first CFM key that needs more than 500 MiB: it and the ones like it go
+    i = next(i for i, e in enumerate(plan.entries) if e.key.component == "cfm" and e.est_bytes > 500 << 20)
+    head = plan.entries[:i + 1]
+    room = sum(weights[c] for c in {e.key.component for e in head}) + sum(e.est_bytes for e in head) - (1 << 20)
+    cut = make_plan(cfg, dataclasses.replace(p, budget_bytes=room), weights)
+    assert [e.key for e in cut.entries] == [e.key for e in plan.entries]
+    assert not cut.entries[i].selected and [e.est_bytes for e in cut.entries] == replayed(cut)
+    assert cut.planned_total() <= room
+    # other devices keep the order-free estimate, whatever the order
+    cpu = make_plan(cfg, dataclasses.replace(p, device="cpu", traffic=None), weights)
+    assert {e.key: e.est_bytes for e in cpu.entries} == {e.key: estimate_bytes(cfg, e.key) for e in cpu.entries}

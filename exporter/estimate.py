@@ -1,0 +1,233 @@
+"""The planner's estimate of a key's device bytes: what it keeps resident once loaded and run, next to
+the keys loaded before it (the quantity runtime.memory measures; the eager weights excluded).
+
+Two models (docs/budget.md, "The estimate"):
+
+- **AOTInductor on CUDA** depends on load order, so it is a simulation of the load (`GraphPoolSizes`).
+  A key keeps its package (~2 MiB of kernels) and, if captured in a CUDA graph, its static inputs
+  (HiFT's package also carries its own constants). Its graph's outputs and intermediates come
+  from ONE memory pool all graphs of the process share (runtime.engines.graphs): the outputs stay,
+  the intermediates are freed when the capture ends and serve later captures. PyTorch's caching
+  allocator places a tensor in one free block, so freed memory serves a later request only if it
+  came in blocks at least that large: the CFM and the encoder free per-layer caches (tens of MiB),
+  HiFT large signals. The pool is kept as extents (block size, free bytes): a capture's outputs
+  take an extent whose blocks hold them, else the pool grows by them; its intermediates reuse the
+  free bytes of extents with blocks at least as large as their tensors, and what is missing grows
+  the pool by a new extent. The process's first graph brings a fixed amount the later ones share.
+  A key whose graph inputs exceed GRAPH_MAX_BYTES is not captured: its package alone.
+- **Everything else** (ONNX Runtime, TensorRT, AOTInductor on the CPU), order-free (`FixedSizes`):
+  inputs + outputs (about the inputs' size, the caches growing by a chunk) + a workspace as large
+  as the largest input. On the CPU the measurement replaces it at every export.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from c2w.runtime.engines.aoti import GRAPH_MAX_BYTES, nbytes, step_graph_inputs
+from c2w.runtime.model.config import ModelConfig
+from c2w.runtime.units import SPECS, ShapeKey, dtype_of, tensor_bytes
+
+MiB = 1 << 20
+# PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp): a request of at most 1 MiB is cut from
+# a 2 MiB segment of the small-block pool, one under 10 MiB from a 20 MiB segment, a larger one gets a
+# segment of its own, rounded up to 2 MiB; blocks of a segment merge when freed, so freed memory
+# comes back in blocks of its segment's size, and small and large requests never share blocks.
+SMALL_REQUEST_BYTES, SMALL_SEGMENT_BYTES = 1 * MiB, 2 * MiB
+SEGMENT_BYTES, MIN_OWN_SEGMENT_BYTES, PAGE_BYTES = 20 * MiB, 10 * MiB, 2 * MiB
+
+# Fitted to H200 run 10 (benchmarks/h200/results/run10_sweep/manifest.json: 92 keys of profiles/h200.yaml,
+# torch 2.11, loaded in plan order in one process; benchmarks/h200/estimate_fit.py prints the fit).
+# The four B=32 CFM keys too large to capture measured 2 MiB each: a package's own device memory.
+PACKAGE_BYTES = 2 * MiB
+# The process's first captured graph brings memory the later ones share (run 10's first captured key,
+# cfm B=1 T=150 L=400, measured 264 MiB, of which its inputs, outputs and caches ~100).
+FIRST_CAPTURE_BYTES = 160 * MiB
+# The intermediates of one graph, as (bytes, bytes per tensor); their structure from Inductor's wrapper
+# of each unit (traced on the CPU; the CUDA wrapper was not traced), their sizes from run 10's keys:
+# - a CFM Euler step keeps its 16 per-layer attention caches until it stacks them into its outputs,
+#   plus activations per row and frame; a prompt step (L = 0) measured as much again as its
+#   outputs, taken as its 32 padded conv inputs (the CPU wrapper frees those early);
+# - the encoder keeps its per-layer caches (in halves too) and their two stacks, plus activations;
+# - HiFT's intermediates are its upsampled signals, per output sample, in HIFT_BLOCKS blocks;
+#   its package's own constants are the weights plus phase and window tables per mel frame.
+CFM_ACTIVATION_BYTES = 27_000
+ENCODER_CACHE_FACTOR = 1.4          # x its output att cache, in tensors of half a layer's cache
+ENCODER_STACK_FACTOR = 0.7          # x its output att cache, in tensors of 0.3 of it
+ENCODER_ACTIVATION_BYTES = 43_500
+HIFT_WORKSPACE_BYTES = 667
+HIFT_BLOCKS = 5
+HIFT_TABLE_BYTES = 183_500
+
+
+@dataclass(frozen=True)
+class KeyCost:
+    """What loading one key costs on CUDA, before the pool's state is known."""
+    own: int                          # outside the graph pool: package, static inputs, HiFT's constants
+    outputs: int = 0                  # the graph's outputs (kept in the pool); 0 when not captured
+    parts: tuple[tuple[int, int], ...] = ()   # its intermediates: (bytes, bytes per tensor), freed at the end
+
+    @property
+    def captured(self) -> bool:
+        return self.outputs > 0
+
+
+def segment(nbytes: int | float) -> int:
+    """The block a tensor of `nbytes` comes back in once its segment is free (the allocator above)."""
+    if nbytes <= SMALL_REQUEST_BYTES:
+        return SMALL_SEGMENT_BYTES
+    return SEGMENT_BYTES if nbytes < MIN_OWN_SEGMENT_BYTES else pages(nbytes)
+
+
+def holds(block: int, request: int | float) -> bool:
+    """Whether free blocks of size `block` serve a request of `request` bytes (same pool, large enough)."""
+    return block >= request and (block == SMALL_SEGMENT_BYTES) == (request <= SMALL_REQUEST_BYTES)
+
+
+def pages(nbytes: int | float) -> int:
+    return int(math.ceil(nbytes / PAGE_BYTES)) * PAGE_BYTES
+
+
+def _encoder(cfg: ModelConfig, key: ShapeKey) -> tuple[int, tuple]:
+    """Outputs: mu (B, 80, T) f32, cnn cache (B, D, 2 + 2 stride), att cache (layers, B, heads, C + T,
+    2 d_k), T = stride * (N - lookahead) (N on the last chunk); the first layers' caches hold half as
+    many frames (25 Hz)."""
+    e, (B, N, C, last), dt = cfg.encoder, key.dims, dtype_of(key.dtype)
+    T = e.up_stride * (N if last else N - e.pre_lookahead)
+    layers = e.blocks + e.up_blocks
+    att = tensor_bytes((layers, B, e.heads, C + T, 2 * e.d_k), dt)
+    out = att + tensor_bytes((B, cfg.mel_bins, T), torch.float32) + tensor_bytes((B, e.width, 2 + 2 * e.up_stride), dt)
+    act = ENCODER_ACTIVATION_BYTES * B * T
+    return out, ((ENCODER_CACHE_FACTOR * att, att / layers / 2), (ENCODER_STACK_FACTOR * att, 0.3 * att),
+                 (act, act / layers))
+
+
+def _cfm_step(cfg: ModelConfig, key: ShapeKey) -> tuple[int, tuple]:
+    """Outputs of one Euler step: x (B, 80, T) f32, cnn cache (depth, 2B, 2 hidden, 2), att cache
+    (depth, 2B, heads, L + T, 2 head_dim)."""
+    d, (B, T, L), dt = cfg.dit, key.dims, dtype_of(key.dtype)
+    att = tensor_bytes((d.depth, 2 * B, d.heads, L + T, 2 * d.head_dim), dt)
+    out = att + tensor_bytes((B, cfg.mel_bins, T), torch.float32) + tensor_bytes((d.depth, 2 * B, 2 * d.hidden, 2), dt)
+    pad = tensor_bytes((2 * B, T + 2, d.hidden), dt)
+    kept = (att, att / d.depth) if L else (2 * d.depth * pad, pad)
+    act = CFM_ACTIVATION_BYTES * B * T
+    return out, (kept, (act, act / d.depth))
+
+
+def _hift(cfg: ModelConfig, key: ShapeKey) -> tuple[int, tuple]:
+    """Outputs: speech (B, n) and source (B, 1, n) f32, n = F * samples_per_frame."""
+    B, F, _ = key.dims
+    samples = B * F * cfg.hift.samples_per_frame
+    work = HIFT_WORKSPACE_BYTES * samples
+    return 2 * tensor_bytes((samples,), torch.float32), ((work, work / HIFT_BLOCKS),)
+
+
+CAPTURES = {"flow_encoder": _encoder, "cfm": _cfm_step, "hift": _hift}
+
+
+def key_cost(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int]) -> KeyCost:
+    """A key's costs as AOTInductor on CUDA loads it (runtime.engines.aoti): captured in a CUDA graph
+    when one graph's inputs (a CFM key's: one Euler step's) are within GRAPH_MAX_BYTES, else its
+    package alone (its inputs and outputs are one call's). weights: per-component weight bytes
+    (HiFT's package carries its own copy)."""
+    spec = SPECS[key.component]
+    shapes, dtypes = list(spec.input_shapes(cfg, key)), list(spec.input_dtypes(key))
+    if spec.export_variant is not None and spec.export_variant.extra(cfg).get("cfm_step"):
+        shapes, dtypes = step_graph_inputs(shapes, dtypes)
+    static = nbytes(shapes, dtypes)
+    if static > GRAPH_MAX_BYTES:
+        return KeyCost(PACKAGE_BYTES)
+    own = PACKAGE_BYTES + static
+    if key.component == "hift":
+        own += weights.get("hift", 0) + HIFT_TABLE_BYTES * key.dim("F")
+    out, parts = CAPTURES[key.component](cfg, key)
+    return KeyCost(own, out, tuple((int(n), int(size)) for n, size in parts if n))
+
+
+class GraphPoolSizes:
+    """AOTInductor keys on CUDA loaded one after another into one process: `cost(key)` is what the
+    key would add after the keys `add`ed before it (module docstring).
+
+    captured: a graph was captured before the first key (FIRST_CAPTURE_BYTES is paid already)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, int], captured: bool = False):
+        self.cfg, self.weights, self.captured = cfg, weights, captured
+        self.extents: list[list[int]] = []       # the graph pool's free memory: [block size, free bytes]
+
+    def _place(self, c: KeyCost) -> tuple[int, int | None, list[list[int]]]:
+        """(bytes the pool grows by, index of the extent that takes the outputs or None, new extents)."""
+        if not c.captured:
+            return 0, None, []
+        free = [n for _, n in self.extents]
+        fit = [i for i, (block, n) in enumerate(self.extents) if holds(block, c.outputs) and n >= c.outputs]
+        slot = min(fit, key=lambda i: self.extents[i][0]) if fit else None
+        if slot is not None:
+            free[slot] -= c.outputs
+        new = []
+        for n, size in c.parts:             # each part takes the smallest blocks that hold its tensors first
+            for i in sorted(range(len(free)), key=lambda i: self.extents[i][0]):
+                if holds(self.extents[i][0], size):
+                    take = min(free[i], n)
+                    free[i], n = free[i] - take, n - take
+            if n > 0:
+                new.append([segment(size), pages(n)])
+        grow = (pages(c.outputs) if slot is None else 0) + sum(n for _, n in new)
+        return grow + (0 if self.captured else FIRST_CAPTURE_BYTES), slot, new
+
+    def cost(self, key: ShapeKey) -> int:
+        c = key_cost(self.cfg, key, self.weights)
+        return c.own + self._place(c)[0]
+
+    def add(self, key: ShapeKey) -> int:
+        """Load `key` after the keys added so far; -> the bytes it adds (= cost(key) before)."""
+        c = key_cost(self.cfg, key, self.weights)
+        grow, slot, new = self._place(c)
+        if slot is not None:
+            self.extents[slot][1] -= c.outputs
+        self.extents += new
+        self.captured = self.captured or c.captured
+        return c.own + grow
+
+
+class FixedSizes:
+    """Sizes that do not depend on load order: `cost(key)` = `add(key)` = `sizes[key]`."""
+
+    def __init__(self, sizes: dict[ShapeKey, int]):
+        self.sizes = sizes
+
+    def cost(self, key: ShapeKey) -> int:
+        return self.sizes[key]
+
+    def add(self, key: ShapeKey) -> int:
+        return self.sizes[key]
+
+
+def order_free_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
+    """Inputs + outputs (about the inputs' size) + a workspace as large as the largest input."""
+    spec = SPECS[key.component]
+    sizes = [tensor_bytes(shape, dt) for shape, dt in zip(spec.input_shapes(cfg, key), spec.input_dtypes(key))]
+    return 2 * sum(sizes) + max(sizes)
+
+
+def sequential(backend: str, device: str) -> bool:
+    """Whether a key's bytes depend on the keys loaded before it (AOTInductor on CUDA)."""
+    return backend == "aoti" and device.startswith("cuda")
+
+
+def key_sizes(cfg: ModelConfig, keys: list[ShapeKey], backend: str, device: str,
+              weights: dict[str, int]) -> GraphPoolSizes | FixedSizes:
+    """A fresh load of `keys` (any subset, in any order) for the planner's budget fill."""
+    if sequential(backend, device):
+        return GraphPoolSizes(cfg, weights)
+    return FixedSizes({k: order_free_bytes(cfg, k) for k in keys})
+
+
+def estimate_bytes(cfg: ModelConfig, key: ShapeKey, backend: str = "", device: str = "cpu",
+                   weights: dict[str, int] | None = None) -> int:
+    """A key's bytes loaded on its own (AOTInductor on CUDA: into an empty graph pool, leaving out
+    what only the process's first graph brings): what the traffic ranking weighs a key by."""
+    if sequential(backend, device):
+        return GraphPoolSizes(cfg, weights or {}, captured=True).cost(key)
+    return order_free_bytes(cfg, key)
