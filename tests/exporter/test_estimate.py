@@ -126,8 +126,8 @@ def replay(run: str) -> dict[str, tuple[str, int, int]]:
 @pytest.mark.parametrize("run, keys, within", [("run10_sweep", 92, 65), ("run11_sweep", 96, 68)])
 def test_the_estimate_follows_the_h200_measurements_of_h200_yaml(run, keys, within):
     """h200.yaml measured on the H200 in plan order in one process (docs/budget.md): run 10 (92
-    keys; the estimate's constants were fitted to it) and run 11 (all 96, the same order, measured
-    after the fit). Keys within 15 % or 8 MiB (a measurement is in 2 MiB pages; a key's small inputs
+    keys; the estimate's constants were fitted to it) and run 11 (all 96, the same order, not used by
+    the fit). Keys within 15 % or 8 MiB (a measurement is in 2 MiB pages; a key's small inputs
     may land in an allocator segment the keys before it left half-used and measure 0): at least
     65 of 92 and 68 of 96; each component's sum within 5 % and the total within 3 % of the measured
     (20,414 and 20,500 MiB). The estimate it replaced, on run 10: 10 keys, 33,183 MiB."""
