@@ -202,7 +202,9 @@ class UnitSpec:
                 t = torch.zeros(shape, dtype=dtype, device=at)     # streaming chunks condition on nothing
             else:
                 t = torch.randn(shape, generator=g, dtype=dtype, device=at)
-                t.mul_(SOURCE_STD if name == "source_cache" else 0.5 if "cache" in name else 1.0)
+                scale = SOURCE_STD if name == "source_cache" else 0.5 if "cache" in name else None
+                if scale is not None:
+                    t.mul_(scale)
             out.append(t.to(device=device, dtype=dtype))
         return out
 

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.h200 import estimate_fit
 from c2w.exporter import estimate
 from c2w.exporter.estimate import (FIRST_CAPTURE_BYTES, PACKAGE_BYTES, FixedSizes, GraphPoolSizes, estimate_bytes,
                                    key_cost, key_sizes, pages)
 from c2w.runtime.manifest import read_manifest
 from c2w.runtime.model.config import preset
 from c2w.runtime.units import ShapeKey
-from c2w.runtime.verify import entry_key
 
 MIB = 1 << 20
 FULL = preset("full")
@@ -110,17 +110,9 @@ def test_other_backends_and_devices_keep_the_order_free_estimate():
 
 def replay(run: str) -> dict[str, tuple[str, int, int]]:
     """id -> (component, measured, estimated bytes) of a run's measured keys, replayed in the
-    manifest's order (benchmarks/h200/estimate_fit.py prints the same table)."""
-    m = read_manifest(RESULTS / run)
-    pool = GraphPoolSizes(preset(m.model.config), dict(m.weight_bytes))
-    out = {}
-    for e in m.entries:
-        key = entry_key(e)
-        if e.device_bytes is None:
-            pool.cost(key)                  # not loaded by the measurement: not added
-        else:
-            out[e.id] = (e.component, e.device_bytes, pool.add(key))
-    return out
+    manifest's order by benchmarks/h200/estimate_fit.py (which prints the same table)."""
+    return {e.id: (e.component, e.device_bytes, est) for e, est in estimate_fit.replay(read_manifest(RESULTS / run))
+            if e.device_bytes is not None}
 
 
 @pytest.mark.parametrize("run, keys, within", [("run10_sweep", 92, 65), ("run11_sweep", 96, 68)])
