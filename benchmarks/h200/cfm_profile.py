@@ -11,8 +11,9 @@ With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor 
 (recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
 DiT attention as it was before the att cache was written once (three concatenations per block
 and step), so both forms are measured in the same call. `--fuse qkv,ada` applies candidate DiT
-changes from dit_variants.py (packed q/k/v projection); `--triton-rows N` builds with the fused
-Triton kernels of fused_dit.py for calls of at most N rows (eager is timed without them), and
+changes from dit_variants.py (packed q/k/v projection); `--triton-rows N --tiles A.json[,B.json]` builds
+with the fused Triton kernels of fused_dit.py for calls of at most N rows, fusing the products
+whose tuned tile (fused_tiles.py's results) beat the ops they replace (eager is timed without them), and
 the JSON has the mel's SNR against the float32 model, engine and eager float16.
 """
 from __future__ import annotations
@@ -76,12 +77,17 @@ def main() -> None:
     ap.add_argument("--fuse", default="", help="comma-separated dit_variants.py variants, e.g. qkv")
     ap.add_argument("--triton-rows", type=int, default=0,
                     help="build with the fused Triton DiT kernels of fused_dit.py up to this many rows; "
-                         "eager is timed without them")
+                         "eager is timed without them (needs --tiles)")
+    ap.add_argument("--tiles", default="",
+                    help="comma-separated fused_tiles.py results: the products fused and their tiles "
+                         "(fused_dit.load_tiles)")
     ap.add_argument("--phase", choices=("all", "build", "time"), default="all",
                     help="build: compile only (run several at once); time: reuse that build, then time "
                          "and profile (run one at a time: concurrent timings disturb each other)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
+    if bool(a.triton_rows) != bool(a.tiles):
+        raise SystemExit("--triton-rows and --tiles go together: the rows fused, and each product's tile")
     dev = torch.device("cuda")
     if a.attn == "legacy":
         if "qkv" in a.fuse.split(","):
@@ -110,19 +116,21 @@ def main() -> None:
     built = path.with_suffix(".build.json")
     if a.phase == "time" and built.is_file() and path.is_file():
         done = json.loads(built.read_text())
-        extra, build_s = done["extra"], done["build_s"]
+        extra, build_s, tiles = done["extra"], done["build_s"], done.get("tiles", {})
     else:
         t0 = time.time()
         if a.triton_rows:
             from benchmarks.h200 import fused_dit
-            fused_dit.apply(flow.decoder.estimator, a.triton_rows)
+            tiles = fused_dit.load_tiles(a.tiles.split(","))
+            print(f"fused products and tiles: {tiles}", flush=True)
+            fused_dit.apply(flow.decoder.estimator, a.triton_rows, tiles)
         try:
             extra = build_aoti(model, unit, key, x, path)
         finally:
             if a.triton_rows:
                 fused_dit.apply(flow.decoder.estimator, 0)
         build_s = time.time() - t0
-        built.write_text(json.dumps({"extra": extra, "build_s": build_s}))
+        built.write_text(json.dumps({"extra": extra, "build_s": build_s, "tiles": tiles if a.triton_rows else {}}))
         if a.phase == "build":
             print(f"{name}: built in {build_s:.0f} s", flush=True)
             return
@@ -130,7 +138,7 @@ def main() -> None:
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
     res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn, "fuse": a.fuse,
-           "triton_rows": a.triton_rows,
+           "triton_rows": a.triton_rows, "fused_tiles": tiles if a.triton_rows else {},
            "inductor": extra.get("inductor", {}),
            "commit": os.environ.get("C2W_COMMIT", "unknown"), "build_s": round(build_s, 1)}
     with torch.inference_mode():

@@ -9,17 +9,20 @@ is one matrix product with what surrounds it folded in:
   and the current rows (no concatenation);
 - an epilogue: bias, bias + GELU (tanh), or the gated residual `residual + gate * (y + bias)`.
 
-`block_forward` runs a DiT block with eight of them (q, k, v, output projection, two
-convolutions, two MLP layers), leaving Inductor the q/k norms with the new attention cache, the
-attention itself and the two-frame conv cache. Same function as `DiTBlock.modulated`; the
-products round once to the weights' dtype instead of after every op.
+`block_forward` runs a DiT block with up to eight of them (q, k, v or the three packed in one,
+output projection, two convolutions, two MLP layers), leaving Inductor the q/k norms with the new
+attention cache, the attention itself and the two-frame conv cache. Which products are fused,
+and with which tile, comes from a table (`load_tiles`, from fused_tiles.py's measurements); the
+others run as the model's ops. Same function as `DiTBlock.modulated`; a fused product rounds once
+to the weights' dtype instead of after every op.
 
 `fused_linear` is a `torch.library.triton_op`, so `torch.export` keeps it as one node and
-AOTInductor compiles its kernel into the package. `apply(dit, max_rows)` rebinds the blocks and
-the final layer of one DiT instance to it for calls of at most `max_rows` rows (0: never);
-cfm_profile.py --triton-rows builds with it. Measured on the H200 (run 9): the values are right
-(mel 62.3 dB against float32, eager float16 62.0), the kernels are not fast enough (36 us each
-at B=1 where cuBLAS takes 4.5 us per product): the full B=1 solve took 58 ms against 14.6.
+AOTInductor compiles its kernel into the package. `apply(dit, max_rows, tiles)` rebinds the
+blocks and the final layer of one DiT instance to it for calls of at most `max_rows` rows (0:
+never); cfm_profile.py --triton-rows --tiles builds with it. Measured on the H200 (run 9, one
+default tile for every product): the values are right (mel 62.3 dB against float32, eager
+float16 62.0), the kernels are not fast enough (36 us each at B=1 where cuBLAS takes 4.5 us per
+product): the full B=1 solve took 58 ms against 14.6. Run 11c tuned the tiles (fused_tiles.py).
 
 `python3 benchmarks/h200/fused_dit.py` checks the kernels against the block on the CPU, under
 Triton's interpreter (needs `pip install triton`).
@@ -151,45 +154,58 @@ def _fused_linear_kernel(
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _tiles(rows: int, k: int, whole_rows: bool) -> dict:
-    """Tile sizes and warps, fixed per exact shape (no autotuning at build): run 9's second build.
-    Small row counts get narrow column tiles, so that a product over ~100 rows still spreads over
-    ~100 programs. fused_tiles.py measures the alternatives."""
-    block_k = triton.next_power_of_2(k) if whole_rows else 128
-    if rows <= 256:
-        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, num_warps=4)
-    return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=block_k, num_warps=4)
+# the products of a block (and the final layer) that can run fused: name -> (prologue, epilogue)
+PRODUCTS = ("q/k/v", "qkv", "proj", "conv1", "conv2", "fc1", "fc2", "final")
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+
+
+def load_tiles(paths: list[str]) -> dict[str, dict]:
+    """Tile configurations from fused_tiles.py results (later files win): product -> its best
+    configuration, for the products whose best beat the PyTorch ops it replaces (under one CUDA
+    graph). A product left out runs as the model's ops (block_forward)."""
+    import json
+    tiles = {}
+    for path in paths:
+        for name, row in json.loads(Path(path).read_text())["shapes"].items():
+            best = row.get("best")
+            if best and best["us"] < row["ops_us"]:
+                tiles[name] = {k: best[k] for k in TILE_KEYS}
+            else:
+                tiles.pop(name, None)
+    return tiles
 
 
 @triton_op("c2w_bench::fused_linear", mutates_args={})
 def fused_linear(x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor], cache: torch.Tensor,
                  p0: torch.Tensor, p1: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,
-                 frames: int, taps: int, prologue: int, epilogue: int, eps: float) -> list[torch.Tensor]:
+                 frames: int, taps: int, prologue: int, epilogue: int, eps: float,
+                 block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> list[torch.Tensor]:
     """x (M, K) rows, M = sequences x `frames`; weights (N, taps * K), unit inner stride, with their
     biases (N,): one launch each over the same rows; cache (b, K, taps - 1) (any strides; read only
     when taps > 1); p0, p1 (K,); residual (M, N); gate (N,). Unused tensors may be any tensor (they
-    are never read). -> one (M, N) result per weight, in x's dtype."""
+    are never read). The tile (block_*, warps, stages) is fixed per call site (no autotuning in the
+    build). -> one (M, N) result per weight, in x's dtype."""
     m, k = x.shape
-    tiles = _tiles(m, k, prologue != NO_PROLOGUE)
     ys = []
     for weight, bias in zip(weights, biases):
         n = weight.shape[0]
         y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        grid = (triton.cdiv(m, tiles["BLOCK_M"]), triton.cdiv(n, tiles["BLOCK_N"]))
+        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
         wrap_triton(_fused_linear_kernel)[grid](
             x, cache, weight, bias, y, p0, p1, residual, gate,
             m, n, frames,
             x.stride(0), cache.stride(0), cache.stride(1), cache.stride(2), weight.stride(0), y.stride(0),
             residual.stride(0), eps,
-            K=k, TAPS=taps, PROLOGUE=prologue, EPILOGUE=epilogue, **tiles)
+            K=k, TAPS=taps, PROLOGUE=prologue, EPILOGUE=epilogue,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
         ys.append(y)
     return ys
 
 
-def linear(x, weight, bias, *, prologue=NO_PROLOGUE, p0=None, p1=None, epilogue=BIAS, residual=None,
-           gate=None, eps=1e-6, taps=1, cache=None, frames=None):
-    """`fused_linear` over x (b, T, K) -> (b, T, N) (a list of them when weight and bias are lists);
-    vectors may come as (1, 1, K) views."""
+def linear(x, weight, bias, tile: dict, *, prologue=NO_PROLOGUE, p0=None, p1=None, epilogue=BIAS,
+           residual=None, gate=None, eps=1e-6, taps=1, cache=None, frames=None):
+    """`fused_linear` over x (b, T, K) -> (b, T, N) (a list of them when weight and bias are lists),
+    with the tile configuration `tile` (TILE_KEYS); vectors may come as (1, 1, K) views."""
     b, t, k = x.shape
     rows = x.reshape(b * t, k)
     if rows.stride(1) != 1:
@@ -199,13 +215,17 @@ def linear(x, weight, bias, *, prologue=NO_PROLOGUE, p0=None, p1=None, epilogue=
     many = isinstance(weight, (list, tuple))
     ys = fused_linear(rows, list(weight) if many else [weight], list(bias) if many else [bias],
                       cache if cache is not None else rows.unsqueeze(-1), flat[0], flat[1], res, flat[2],
-                      t, taps, prologue, epilogue, eps)
+                      t, taps, prologue, epilogue, eps, *(int(tile[key]) for key in TILE_KEYS))
     ys = [y.reshape(b, t, -1) for y in ys]
     return ys if many else ys[0]
 
 
-def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
-    """`DiTBlock.modulated` (same arguments and results) with the fused kernels; mod: (1, 1, 9d)."""
+def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor,
+                  tiles: dict[str, dict]):
+    """`DiTBlock.modulated` (same arguments and results) with the products named in `tiles` fused
+    (load_tiles), the others as the model computes them; mod: (1, 1, 9d). "qkv" (one launch over
+    the packed q/k/v weight of dit_variants.apply_qkv) is used when the block has that weight,
+    else "q/k/v" (one launch per weight)."""
     (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
      shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
     attn, conv, mlp = block.attn, block.conv, block.mlp
@@ -213,62 +233,92 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
     h, hd = attn.heads, attn.head_dim
 
     # attention: q, k and v products over the modulated LayerNorm, then Inductor's q/k norms, cache, SDPA
-    projections = (attn.to_q, attn.to_k, attn.to_v)
-    q, k, v = linear(x, [p.weight for p in projections], [p.bias for p in projections], prologue=LN_MODULATE,
-                     p0=shift_msa, p1=scale_msa, eps=block.norm1.eps)
+    ln_mod = dict(prologue=LN_MODULATE, p0=shift_msa, p1=scale_msa, eps=block.norm1.eps)
+    if "qkv" in tiles and hasattr(attn, "qkv_weight"):
+        q, k, v = parts(linear(x, attn.qkv_weight, attn.qkv_bias, tiles["qkv"], **ln_mod), 3, -1)
+    elif "q/k/v" in tiles:
+        projections = (attn.to_q, attn.to_k, attn.to_v)
+        q, k, v = linear(x, [p.weight for p in projections], [p.bias for p in projections], tiles["q/k/v"], **ln_mod)
+    else:
+        q, k, v = attn.project(modulate(block.norm1(x), shift_msa, scale_msa))
     q = attn.q_norm(attn._heads(q))
     k, v = attn.k_norm(attn._heads(k)), attn._heads(v)
     kv = torch.cat([torch.cat([k, v], dim=-1), att_cache], dim=2)
     k, v = parts(kv, 2, -1)
     a = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, h * hd)
-    x = linear(a, attn.proj.weight, attn.proj.bias, epilogue=GATED_RESIDUAL, residual=x, gate=gate_msa)
+    if "proj" in tiles:
+        x = linear(a, attn.proj.weight, attn.proj.bias, tiles["proj"], epilogue=GATED_RESIDUAL, residual=x,
+                   gate=gate_msa)
+    else:
+        x = x + gate_msa * attn.proj(a)
 
     # causal conv block: frames read from the cache and the rows, LayerNorm + Mish in conv2's prologue
     c1, c2 = parts(cnn_cache, 2, 1)                                             # (b, d, 2) each
     conv1, norm, conv2 = conv.block[1], conv.block[3], conv.block[6]
-    taps = conv1.kernel_size[0]
-    y1 = linear(x, conv1.weight.permute(0, 2, 1).flatten(1), conv1.bias, prologue=LN_MODULATE, p0=shift_conv,
-                p1=scale_conv, eps=block.norm3.eps, taps=taps, cache=c1, frames=t)
-    x2 = linear(y1, conv2.weight.permute(0, 2, 1).flatten(1), conv2.bias, prologue=LN_MISH, p0=norm.weight,
-                p1=norm.bias, eps=norm.eps, epilogue=GATED_RESIDUAL, residual=x, gate=gate_conv, taps=taps,
-                cache=c2, frames=t)
+    taps, ctx = conv1.kernel_size[0], conv.context
+    m3 = modulate(block.norm3(x), shift_conv, scale_conv) if "conv1" not in tiles else None
+    if m3 is None:
+        y1 = linear(x, conv1.weight.permute(0, 2, 1).flatten(1), conv1.bias, tiles["conv1"], prologue=LN_MODULATE,
+                    p0=shift_conv, p1=scale_conv, eps=block.norm3.eps, taps=taps, cache=c1, frames=t)
+        m3_tail = modulate(block.norm3(x[:, -ctx:]), shift_conv, scale_conv)
+    else:
+        y1 = conv._conv(conv1, torch.cat([c1.transpose(1, 2), m3], dim=1))
+        m3_tail = m3[:, -ctx:]
+    if "conv2" in tiles:
+        x2 = linear(y1, conv2.weight.permute(0, 2, 1).flatten(1), conv2.bias, tiles["conv2"], prologue=LN_MISH,
+                    p0=norm.weight, p1=norm.bias, eps=norm.eps, epilogue=GATED_RESIDUAL, residual=x, gate=gate_conv,
+                    taps=taps, cache=c2, frames=t)
+        mish_tail = conv.block[4](norm(y1[:, -ctx:]))
+    else:
+        mished = conv.block[4](norm(y1))
+        x2 = x + gate_conv * conv._conv(conv2, torch.cat([c2.transpose(1, 2), mished], dim=1))
+        mish_tail = mished[:, -ctx:]
     # the new conv cache: the last two frames of each convolution's input, as the block computes them
-    ctx = conv.context
-    h1 = torch.cat([c1.transpose(1, 2), modulate(block.norm3(x[:, -ctx:]), shift_conv, scale_conv)], dim=1)
-    h2 = torch.cat([c2.transpose(1, 2), conv.block[4](norm(y1[:, -ctx:]))], dim=1)
+    h1 = torch.cat([c1.transpose(1, 2), m3_tail], dim=1)
+    h2 = torch.cat([c2.transpose(1, 2), mish_tail], dim=1)
     new_cnn = torch.cat([h1[:, -ctx:], h2[:, -ctx:]], dim=2).transpose(1, 2)
 
     # MLP: LayerNorm + modulation + GELU around the first product, gated residual after the second
-    hid = linear(x2, mlp.fc1.weight, mlp.fc1.bias, prologue=LN_MODULATE, p0=shift_mlp, p1=scale_mlp,
-                 eps=block.norm2.eps, epilogue=BIAS_GELU)
-    x3 = linear(hid, mlp.fc2.weight, mlp.fc2.bias, epilogue=GATED_RESIDUAL, residual=x2, gate=gate_mlp)
+    if "fc1" in tiles:
+        hid = linear(x2, mlp.fc1.weight, mlp.fc1.bias, tiles["fc1"], prologue=LN_MODULATE, p0=shift_mlp,
+                     p1=scale_mlp, eps=block.norm2.eps, epilogue=BIAS_GELU)
+    else:
+        hid = mlp.act(mlp.fc1(modulate(block.norm2(x2), shift_mlp, scale_mlp)))
+    if "fc2" in tiles:
+        x3 = linear(hid, mlp.fc2.weight, mlp.fc2.bias, tiles["fc2"], epilogue=GATED_RESIDUAL, residual=x2,
+                    gate=gate_mlp)
+    else:
+        x3 = x2 + gate_mlp * mlp.fc2(hid)
     return x3, new_cnn, kv
 
 
-def final_forward(layer, x: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
-    """`FinalLayer.modulated` with one fused kernel; mod: (1, 1, 2d)."""
+def final_forward(layer, x: torch.Tensor, mod: torch.Tensor, tiles: dict[str, dict]) -> torch.Tensor:
+    """`FinalLayer.modulated` with one fused kernel when `tiles` has "final"; mod: (1, 1, 2d)."""
+    if "final" not in tiles:
+        return FinalLayer.modulated(layer, x, mod)
     shift, scale = parts(mod, 2, -1)
-    return linear(x, layer.linear.weight, layer.linear.bias, prologue=LN_MODULATE, p0=shift, p1=scale,
-                  eps=layer.norm_final.eps)
+    return linear(x, layer.linear.weight, layer.linear.bias, tiles["final"], prologue=LN_MODULATE, p0=shift,
+                  p1=scale, eps=layer.norm_final.eps)
 
 
 def _fused_block(self, x, mod, cnn_cache, att_cache):
     if mod.shape[0] == 1 and x.shape[0] * x.shape[1] <= self.fused_rows:
-        return block_forward(self, x, mod, cnn_cache, att_cache)
+        return block_forward(self, x, mod, cnn_cache, att_cache, self.fused_tiles)
     return DiTBlock.modulated(self, x, mod, cnn_cache, att_cache)
 
 
 def _fused_final(self, x, mod):
     if mod.shape[0] == 1 and x.shape[0] * x.shape[1] <= self.fused_rows:
-        return final_forward(self, x, mod)
+        return final_forward(self, x, mod, self.fused_tiles)
     return FinalLayer.modulated(self, x, mod)
 
 
-def apply(dit: DiT, max_rows: int) -> None:
+def apply(dit: DiT, max_rows: int, tiles: dict[str, dict] | None = None) -> None:
     """Run `dit`'s blocks and final layer through the fused kernels when a call has at most
-    `max_rows` rows (2B x T) and one modulation for all of them; 0 turns them off."""
+    `max_rows` rows (2B x T) and one modulation for all of them; 0 turns them off. tiles: product
+    -> tile configuration (load_tiles); the products it leaves out run as the model's ops."""
     for layer, fn in [(b, _fused_block) for b in dit.blocks] + [(dit.final_layer, _fused_final)]:
-        layer.fused_rows = max_rows
+        layer.fused_rows, layer.fused_tiles = max_rows, dict(tiles or {})
         layer.modulated = MethodType(fn, layer)
 
 
@@ -280,18 +330,33 @@ if __name__ == "__main__":      # CPU check under Triton's interpreter: the kern
     from c2w.runtime.model.flow import FlowModel
     from c2w.runtime.model.weights import init_random_
     from c2w.runtime.units import rel_l2
+    from benchmarks.h200.dit_variants import apply_qkv
     flow = FlowModel(TINY)
     init_random_(flow, 3)
     g = torch.Generator().manual_seed(0)
+    narrow = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=2)      # two-pass statistics
+    whole = dict(narrow, BLOCK_K=512)                                                   # whole rows in the tile
+    every = {name: narrow for name in PRODUCTS}
+    # all fused (packed and unpacked q/k/v, both prologue paths), then each product alone
+    tables = [every, {**every, "q/k/v": whole, "conv1": whole, "fc1": whole, "final": whole}, {"qkv": narrow},
+              *({name: whole} for name in PRODUCTS)]
     for dtype, bound in ((torch.float32, 1e-6), (torch.float16, 2e-3)):
         dit = flow.decoder.estimator.eval().to(dtype)
         x = torch.randn(2, 6, 512, generator=g).to(dtype)
         mod = (0.3 * torch.randn(1, 1, 9 * 512, generator=g)).to(dtype)
         cnn = torch.randn(2, 1024, 2, generator=g).to(dtype)
         att = torch.randn(2, 8, 5, 128, generator=g).to(dtype)
-        with torch.no_grad():
-            want = (*DiTBlock.modulated(dit.blocks[0], x, mod, cnn, att), FinalLayer.modulated(dit.final_layer, x, mod[..., :1024]))
-            got = (*block_forward(dit.blocks[0], x, mod, cnn, att), final_forward(dit.final_layer, x, mod[..., :1024]))
-        errs = [rel_l2(a.float(), b.float()) for a, b in zip(got, want)]
-        print(f"{dtype}: rel-L2 of x, cnn cache, att cache, final layer: " + ", ".join(f"{e:.1e}" for e in errs))
-        assert max(errs) <= bound, (dtype, errs)
+        worst = 0.0
+        for packed in (False, True):
+            if packed:
+                apply_qkv(dit)
+            for tiles in tables:
+                with torch.no_grad():
+                    want = (*DiTBlock.modulated(dit.blocks[0], x, mod, cnn, att),
+                            FinalLayer.modulated(dit.final_layer, x, mod[..., :1024]))
+                    got = (*block_forward(dit.blocks[0], x, mod, cnn, att, tiles),
+                           final_forward(dit.final_layer, x, mod[..., :1024], tiles))
+                errs = [rel_l2(a.float(), b.float()) for a, b in zip(got, want)]
+                assert max(errs) <= bound, (dtype, packed, sorted(tiles), errs)
+                worst = max(worst, *errs)
+        print(f"{dtype}: {2 * len(tables)} tile tables, worst rel-L2 of x, caches, final layer: {worst:.1e}")

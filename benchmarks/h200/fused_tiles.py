@@ -3,8 +3,9 @@
 Run 9 built the fused kernels into AOTI engines and found them right but slow (24-36 us per
 product at B=1 against 4.5 us for cuBLAS's product alone). Tiles can be chosen without an AOTI
 build: this script launches `_fused_linear_kernel` eagerly (Triton's JIT) at each of a block's
-eight product shapes (q, k and v share one) for ROWS rows (2B x T: 100 at B=1, T=50), over a grid
-of tile shapes, warps and pipeline stages, and reports per shape:
+product shapes (q, k and v share one; "qkv" is the three packed in one weight; "final" is the
+final layer's) for ROWS rows (2B x T: 100 at B=1, T=50), over a grid of tile shapes, warps and
+pipeline stages, and reports per shape:
   - the PyTorch ops the kernel replaces (LayerNorm, modulation or Mish, frames, product, GELU or
     gated residual), eager ops captured in one CUDA graph (Inductor fuses some of them, so this
     bounds from above the time a fused kernel must beat; run 9's kernel table has Inductor's);
@@ -14,6 +15,8 @@ Times are per launch: 20 launches per graph, median of the replays.
 
 Usage (device): python3 benchmarks/h200/fused_tiles.py --out $OUT [--rows 100] [--seconds 150]
   [--shapes conv1,conv2] (the time budget is split evenly over the products tuned)
+  [--grid '{"BLOCK_M": [16], "num_warps": [4]}'] (fewer configurations: GRID with these values)
+fused_dit.load_tiles reads the JSON it writes (the products whose best beat the ops they replace).
 CPU check of the script itself (reference and kernel paths, two configurations, fp32, under
 Triton's interpreter): TRITON_INTERPRET=1 python3 benchmarks/h200/fused_tiles.py --check
 """
@@ -39,11 +42,13 @@ D = 512
 # name: (K, N, taps, prologue, epilogue) of the products in one DiT block (fused_dit.block_forward)
 SHAPES = {
     "q/k/v": (D, D, 1, LN_MODULATE, BIAS),
+    "qkv": (D, 3 * D, 1, LN_MODULATE, BIAS),        # q, k and v packed in one weight (dit_variants.py)
     "proj": (D, D, 1, NO_PROLOGUE, GATED_RESIDUAL),
     "conv1": (D, D, 3, LN_MODULATE, BIAS),
     "conv2": (D, D, 3, LN_MISH, GATED_RESIDUAL),
     "fc1": (D, 4 * D, 1, LN_MODULATE, BIAS_GELU),
     "fc2": (4 * D, D, 1, NO_PROLOGUE, GATED_RESIDUAL),
+    "final": (D, 80, 1, LN_MODULATE, BIAS),
 }
 GRID = {"BLOCK_M": (16, 32), "BLOCK_N": (32, 64, 128), "BLOCK_K": (64, 128, 512), "num_warps": (2, 4),
         "num_stages": (2, 3)}
@@ -115,9 +120,9 @@ def graphed_us(fn, per_graph: int = 20, replays: int = 15) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def configs():
+def configs(grid: dict):
     names = list(GRID)
-    for values in itertools.product(*(GRID[n] for n in names)):
+    for values in itertools.product(*(grid[n] for n in names)):
         yield dict(zip(names, values))
 
 
@@ -143,6 +148,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=150, help="stop trying configurations after this long")
     ap.add_argument("--shapes", default=",".join(SHAPES),
                     help=f"comma-separated products to tune (default all: {','.join(SHAPES)})")
+    ap.add_argument("--grid", default="{}",
+                    help="JSON: values to try instead of GRID's for some of its keys, e.g. '{\"BLOCK_M\": [16]}'")
     ap.add_argument("--check", action="store_true", help="CPU check of the script (see the docstring)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
@@ -156,6 +163,13 @@ def main() -> None:
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
         ap.error(f"--shapes: {unknown} are not products of a block; expected some of {list(SHAPES)}")
+    try:
+        grid = {**GRID, **{k: tuple(v) for k, v in json.loads(a.grid).items()}}
+    except (ValueError, TypeError, AttributeError) as exc:
+        ap.error(f"--grid {a.grid!r}: {exc}; expected a JSON object of lists, keys among {list(GRID)}")
+    if set(grid) != set(GRID):
+        ap.error(f"--grid: unknown keys {sorted(set(grid) - set(GRID))}; expected some of {list(GRID)}")
+    res["grid"] = {k: list(v) for k, v in grid.items()}
     budget = a.seconds / len(names)
     for name in names:
         shape = SHAPES[name]
@@ -167,7 +181,7 @@ def main() -> None:
                "configs": []}
         y = torch.empty_like(want)
         start = time.time()
-        for cfg in configs():
+        for cfg in configs(grid):
             if time.time() - start > budget:
                 row["stopped_early"] = True
                 break

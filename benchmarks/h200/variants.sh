@@ -17,10 +17,11 @@ run() {  # phase tag json args...
   local phase=$1 tag=$2 json=$3; shift 3
   C2W_AOTI_INDUCTOR="$json" timeout ${STEP_S:-300} python3 benchmarks/h200/cfm_profile.py --phase "$phase" --tag "$tag" --out "$OUT" "$@"
 }
-t0=$(date +%s)
+t0=$(date +%s); i=0
 while IFS='|' read -r tag json args; do
+  i=$(( i + 1 ))
   # shellcheck disable=SC2086
-  run build "$tag" "$json" $args > "$OUT/build_${tag}_$(echo $args | tr -d ' -').log" 2>&1 &
+  run build "$tag" "$json" $args > "$OUT/build_${i}_${tag}.log" 2>&1 &
 done <<< "$VARIANTS"
 wait
 echo "parallel builds: $(( $(date +%s) - t0 )) s"
