@@ -71,7 +71,7 @@ def _row_stats(X, src, from_x, stride_xm, eps, K: tl.constexpr, BLOCK_K: tl.cons
         x = tl.load(X + src[:, None] * stride_xm + rk[None, :], mask=ok, other=0.0).to(tl.float32)
         d = tl.where(ok, x - mean[:, None], 0.0)
         sq += tl.sum(d * d, axis=1)
-    return mean, 1.0 / tl.sqrt(sq / K + eps)
+    return mean, (1.0 / tl.sqrt(sq / K + eps)).to(tl.float32)
 
 
 @triton.jit
@@ -132,7 +132,9 @@ def _fused_linear_kernel(
             if PROLOGUE != _NO_PROLOGUE and BLOCK_K >= K:     # whole rows in the tile: one pass
                 mean = tl.sum(a, axis=1) / K
                 d = tl.where(ok, a - mean[:, None], 0.0)
-                rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)
+                # AOTInductor passes a float argument as fp64: keep the loop-carried rstd fp32
+                # (run 12: "rstd has initial type fp32 but is re-assigned to fp64 in loop")
+                rstd = (1.0 / tl.sqrt(tl.sum(d * d, axis=1) / K + eps)).to(tl.float32)
             a = _prologue(a, mean, rstd, k_ok, P0, P1, rk, PROLOGUE)
             if TAPS > 1:
                 cached = tl.load(CACHE + seq[:, None] * stride_cb + rk[None, :] * stride_ck
