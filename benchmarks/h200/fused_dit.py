@@ -22,7 +22,9 @@ blocks and the final layer of one DiT instance to it for calls of at most `max_r
 never); cfm_profile.py --triton-rows --tiles builds with it. Measured on the H200 (run 9, one
 default tile for every product): the values are right (mel 62.3 dB against float32, eager
 float16 62.0), the kernels are not fast enough (36 us each at B=1 where cuBLAS takes 4.5 us per
-product): the full B=1 solve took 58 ms against 14.6. Run 11c tuned the tiles (fused_tiles.py).
+product): the full B=1 solve took 58 ms against 14.6. Runs 11c and 12b tuned the tiles
+(fused_tiles.py); built with them (run 12c) the full B=1 solve took 17.8 ms against 15.3, still
+slower: 9.3 us per fused launch inside the engine, and more kernels around them, not fewer.
 
 `python3 benchmarks/h200/fused_dit.py` checks the kernels against the block on the CPU, under
 Triton's interpreter (needs `pip install triton`).
@@ -156,7 +158,7 @@ def _fused_linear_kernel(
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-# the products of a block (and the final layer) that can run fused: name -> (prologue, epilogue)
+# the products of a block (and the final layer) that can run fused, by the names fused_tiles.py tunes
 PRODUCTS = ("q/k/v", "qkv", "proj", "conv1", "conv2", "fc1", "fc2", "final")
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 
