@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+
 from c2w.exporter import traffic
 from c2w.exporter.estimate import FixedSizes, GraphPoolSizes, estimate_bytes, key_sizes
 from c2w.exporter.sessions import stream_keys  # noqa: F401  (the planner's keys; callers import it from here)
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.config import ModelConfig
 from c2w.runtime.units import DTYPES, SPECS, ShapeKey
+from c2w.runtime.verify import memory_of
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,16 @@ def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
         seen, n = set(), 0
         for m in mods:
             for t in list(m.parameters()) + list(m.buffers()):
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    n += t.numel() * (size if size and id(t) in cast and t.is_floating_point() else t.element_size())
+                # a view of memory already counted is not counted again (the DiT's q/k/v
+                # parameters are views of its packed buffers: runtime/model/dit.py, Attention)
+                where = memory_of(t)
+                if where not in seen:
+                    seen.add(where)
+                    elems = t.untyped_storage().nbytes() // t.element_size() if isinstance(where, tuple) else t.numel()
+                    n += elems * (size if size and id(t) in cast and t.is_floating_point() else t.element_size())
         out[comp] = n
     return out
+
 
 
 def _fill(ordered: list[ShapeKey], sizes: GraphPoolSizes | FixedSizes, weights: dict[str, int], budget: int,

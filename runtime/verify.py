@@ -41,6 +41,25 @@ def unit_weights(unit: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(unit.named_parameters()), **dict(unit.named_buffers())}
 
 
+def memory_of(t: torch.Tensor):
+    """What identifies the memory a tensor lives in: its storage (device, address), or the tensor
+    itself where there is no address to compare (meta tensors, empty storages). Views of one
+    storage (the DiT's q/k/v parameters and its packed buffers) share it."""
+    ptr = t.untyped_storage().data_ptr() if t.device.type != "meta" else 0
+    return (str(t.device), ptr) if ptr else id(t)
+
+
+def unit_weight_bytes(unit: torch.nn.Module) -> int:
+    """Bytes the weights of a unit module occupy: each storage once."""
+    seen, n = set(), 0
+    for t in unit_weights(unit).values():
+        where = memory_of(t)
+        if where not in seen:
+            seen.add(where)
+            n += t.untyped_storage().nbytes() if isinstance(where, tuple) else t.numel() * t.element_size()
+    return n
+
+
 def weights_layout(unit: torch.nn.Module) -> dict[str, list[int]]:
     """FQN -> strides of every weight of a unit that is not stored contiguously (the DiT's conv
     weights are stored tap-major). AOTI binds shared weights by pointer, so a package is valid

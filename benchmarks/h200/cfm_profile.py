@@ -10,8 +10,7 @@ Usage (device): python3 benchmarks/h200/cfm_profile.py --batch 1 [--depth 2] [--
 With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor configs too
 (recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
 DiT attention as it was before the att cache was written once (three concatenations per block
-and step), so both forms are measured in the same call. `--fuse qkv,ada` applies candidate DiT
-changes from dit_variants.py (packed q/k/v projection); `--triton-rows N --tiles A.json[,B.json]` builds
+and step), so both forms are measured in the same call. `--triton-rows N --tiles A.json[,B.json]` builds
 with the fused Triton kernels of fused_dit.py for calls of at most N rows, fusing the products
 whose tuned tile (fused_tiles.py's results) beat the ops they replace (eager is timed without them), and
 the JSON has the mel's SNR against the float32 model, engine and eager float16.
@@ -37,7 +36,6 @@ from c2w.runtime.engines.base import ArtifactInfo  # noqa: E402
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool  # noqa: E402
 from c2w.runtime.model.config import preset  # noqa: E402
 from c2w.runtime.model.dit import Attention, parts  # noqa: E402
-from benchmarks.h200.dit_variants import apply as apply_variants  # noqa: E402
 from c2w.runtime.model.flow import FlowModel  # noqa: E402
 from c2w.runtime.model.weights import init_random_  # noqa: E402
 from c2w.runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
@@ -74,7 +72,6 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="variant name for the output file")
     ap.add_argument("--attn", choices=("current", "legacy"), default="current",
                     help="legacy: the DiT attention before the att cache was written once")
-    ap.add_argument("--fuse", default="", help="comma-separated dit_variants.py variants, e.g. qkv")
     ap.add_argument("--triton-rows", type=int, default=0,
                     help="build with the fused Triton DiT kernels of fused_dit.py up to this many rows; "
                          "eager is timed without them (needs --tiles)")
@@ -90,8 +87,6 @@ def main() -> None:
         raise SystemExit("--triton-rows and --tiles go together: the rows fused, and each product's tile")
     dev = torch.device("cuda")
     if a.attn == "legacy":
-        if "qkv" in a.fuse.split(","):
-            raise SystemExit("--attn legacy computes q, k and v itself: it cannot be combined with --fuse qkv")
         Attention.forward = legacy_attention_forward
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     full = preset("full")
@@ -102,15 +97,13 @@ def main() -> None:
     flow32 = _Model(copy.deepcopy(flow), cfg)
     flow.decoder.estimator.half()
     flow.spk_embed_affine_layer.half()
-    apply_variants(flow.decoder.estimator, a.fuse)
     model = _Model(flow, cfg)
     key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
     spec = SPECS["cfm"]
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
     # the variant switches are part of the name: a `--phase time` call must find ITS build
-    switches = (["legacy-attn"] if a.attn == "legacy" else []) + [f.strip() for f in a.fuse.split(",") if f.strip()] \
-        + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
+    switches = (["legacy-attn"] if a.attn == "legacy" else []) + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
     name = "_".join([f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}", *switches, *([a.tag] if a.tag else [])])
     path = Path(f"/tmp/{name}.pt2")
     built = path.with_suffix(".build.json")
@@ -137,7 +130,7 @@ def main() -> None:
     info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
-    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn, "fuse": a.fuse,
+    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn,
            "triton_rows": a.triton_rows, "fused_tiles": tiles if a.triton_rows else {},
            "inductor": extra.get("inductor", {}),
            "commit": os.environ.get("C2W_COMMIT", "unknown"), "build_s": round(build_s, 1)}

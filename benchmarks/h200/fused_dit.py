@@ -227,9 +227,8 @@ def linear(x, weight, bias, tile: dict, *, prologue=NO_PROLOGUE, p0=None, p1=Non
 def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor,
                   tiles: dict[str, dict]):
     """`DiTBlock.modulated` (same arguments and results) with the products named in `tiles` fused
-    (load_tiles), the others as the model computes them; mod: (1, 1, 9d). "qkv" (one launch over
-    the packed q/k/v weight of dit_variants.apply_qkv) is used when the block has that weight,
-    else "q/k/v" (one launch per weight)."""
+    (load_tiles), the others as the model computes them; mod: (1, 1, 9d). "qkv" is one launch over
+    the model's packed q/k/v weight, "q/k/v" one launch per weight (used if "qkv" is not in `tiles`)."""
     (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
      shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
     attn, conv, mlp = block.attn, block.conv, block.mlp
@@ -238,7 +237,7 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
 
     # attention: q, k and v products over the modulated LayerNorm, then Inductor's q/k norms, cache, SDPA
     ln_mod = dict(prologue=LN_MODULATE, p0=shift_msa, p1=scale_msa, eps=block.norm1.eps)
-    if "qkv" in tiles and hasattr(attn, "qkv_weight"):
+    if "qkv" in tiles:
         q, k, v = parts(linear(x, attn.qkv_weight, attn.qkv_bias, tiles["qkv"], **ln_mod), 3, -1)
     elif "q/k/v" in tiles:
         projections = (attn.to_q, attn.to_k, attn.to_v)
@@ -334,15 +333,15 @@ if __name__ == "__main__":      # CPU check under Triton's interpreter: the kern
     from c2w.runtime.model.flow import FlowModel
     from c2w.runtime.model.weights import init_random_
     from c2w.runtime.units import rel_l2
-    from benchmarks.h200.dit_variants import apply_qkv
     flow = FlowModel(TINY)
     init_random_(flow, 3)
     g = torch.Generator().manual_seed(0)
     narrow = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=2)      # two-pass statistics
     whole = dict(narrow, BLOCK_K=512)                                                   # whole rows in the tile
     every = {name: narrow for name in PRODUCTS}
-    # all fused (packed and unpacked q/k/v, both prologue paths), then each product alone
-    tables = [every, {**every, "q/k/v": whole, "conv1": whole, "fc1": whole, "final": whole}, {"qkv": narrow},
+    # all fused (packed q/k/v, then one launch per weight; both prologue paths), then each product alone
+    per_weight = {name: tile for name, tile in every.items() if name != "qkv"}
+    tables = [every, {**per_weight, "q/k/v": whole, "conv1": whole, "fc1": whole, "final": whole},
               *({name: whole} for name in PRODUCTS)]
     for dtype, bound in ((torch.float32, 1e-6), (torch.float16, 2e-3)):
         dit = flow.decoder.estimator.eval().to(dtype)
@@ -351,16 +350,13 @@ if __name__ == "__main__":      # CPU check under Triton's interpreter: the kern
         cnn = torch.randn(2, 1024, 2, generator=g).to(dtype)
         att = torch.randn(2, 8, 5, 128, generator=g).to(dtype)
         worst = 0.0
-        for packed in (False, True):
-            if packed:
-                apply_qkv(dit)
-            for tiles in tables:
-                with torch.no_grad():
-                    want = (*DiTBlock.modulated(dit.blocks[0], x, mod, cnn, att),
-                            FinalLayer.modulated(dit.final_layer, x, mod[..., :1024]))
-                    got = (*block_forward(dit.blocks[0], x, mod, cnn, att, tiles),
-                           final_forward(dit.final_layer, x, mod[..., :1024], tiles))
-                errs = [rel_l2(a.float(), b.float()) for a, b in zip(got, want)]
-                assert max(errs) <= bound, (dtype, packed, sorted(tiles), errs)
-                worst = max(worst, *errs)
-        print(f"{dtype}: {2 * len(tables)} tile tables, worst rel-L2 of x, caches, final layer: {worst:.1e}")
+        for tiles in tables:
+            with torch.no_grad():
+                want = (*DiTBlock.modulated(dit.blocks[0], x, mod, cnn, att),
+                        FinalLayer.modulated(dit.final_layer, x, mod[..., :1024]))
+                got = (*block_forward(dit.blocks[0], x, mod, cnn, att, tiles),
+                       final_forward(dit.final_layer, x, mod[..., :1024], tiles))
+            errs = [rel_l2(a.float(), b.float()) for a, b in zip(got, want)]
+            assert max(errs) <= bound, (dtype, sorted(tiles), errs)
+            worst = max(worst, *errs)
+        print(f"{dtype}: {len(tables)} tile tables, worst rel-L2 of x, caches, final layer: {worst:.1e}")

@@ -42,7 +42,7 @@ D = 512
 # name: (K, N, taps, prologue, epilogue) of the products in one DiT block (fused_dit.block_forward)
 SHAPES = {
     "q/k/v": (D, D, 1, LN_MODULATE, BIAS),
-    "qkv": (D, 3 * D, 1, LN_MODULATE, BIAS),        # q, k and v packed in one weight (dit_variants.py)
+    "qkv": (D, 3 * D, 1, LN_MODULATE, BIAS),        # q, k and v packed in one weight (the model's)
     "proj": (D, D, 1, NO_PROLOGUE, GATED_RESIDUAL),
     "conv1": (D, D, 3, LN_MODULATE, BIAS),
     "conv2": (D, D, 3, LN_MISH, GATED_RESIDUAL),

@@ -7,7 +7,7 @@ import torch
 from c2w.exporter.backends.base import Builder, BuildJob
 from c2w.exporter.backends.onnx_export import export_onnx
 from c2w.runtime.units import SPECS
-from c2w.runtime.verify import unit_weights
+from c2w.runtime.verify import unit_weight_bytes
 
 # Slack for shape-specific constant tables a graph holds beside the weights (HiFT's phase
 # interpolation, ~0.5 MB), when checking that the export stored each weight once.
@@ -21,7 +21,7 @@ class OnnxRuntimeBuilder(Builder):
         spec = SPECS[key.component]
         with torch.no_grad():
             stats = export_onnx(unit, job.example_inputs(key), spec.input_names(key), spec.output_names, job.path)
-        weights = sum(t.numel() * t.element_size() for t in unit_weights(unit).values())
+        weights = unit_weight_bytes(unit)
         if stats.unique_bytes > CONSTANT_SLACK_RATIO * weights + CONSTANT_SLACK_BYTES:
             raise RuntimeError(f"ONNX initializers hold {stats.unique_bytes} bytes against {weights} bytes of "
                                "weights: the export duplicated or folded weights")

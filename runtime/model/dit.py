@@ -72,6 +72,22 @@ class TimestepEmbedder(nn.Module):
 
 
 class Attention(nn.Module):
+    """Self-attention over [chunk | cache] with q/k LayerNorms.
+
+    q, k and v come from ONE matrix product: `to_q`, `to_k` and `to_v` keep upstream's parameter
+    names and shapes, but their weights and biases are views of two packed tensors, the
+    non-persistent buffers `qkv_weight` (3 inner, dim) and `qkv_bias` (3 inner,), which `project`
+    uses. So the state dict, `load_state_dict` and `init_random_` see upstream's three layers,
+    the values live once, and an AOTI package binds the packed pair. `.to()`, `.half()`,
+    `copy.deepcopy` and unpickling copy each tensor on its own; `_apply` and `__setstate__` pack
+    them again afterwards. (Replacing the
+    parameters themselves, e.g. `load_state_dict(..., assign=True)`, unties them: call
+    `pack_qkv()` after.) Measured on the H200 depth-2 proxy at B=1: 2.06 ms per solve against
+    2.37 with three products (benchmarks/h200/README.md, run 12c). AOTI packages built before
+    bind the three layers' weights, which still hold the values: they stay valid, and a rebuild
+    gives them the one product.
+    """
+
     def __init__(self, dim: int, heads: int, head_dim: int):
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
@@ -82,14 +98,38 @@ class Attention(nn.Module):
         self.q_norm = nn.LayerNorm(head_dim)
         self.k_norm = nn.LayerNorm(head_dim)
         self.proj = nn.Linear(inner, dim)
+        self.register_buffer("qkv_weight", torch.empty(0), persistent=False)
+        self.register_buffer("qkv_bias", torch.empty(0), persistent=False)
+        self.pack_qkv()
+
+    def pack_qkv(self) -> None:
+        """Copy the three layers' weights and biases into one packed pair and make the layers'
+        parameters views of it (values unchanged)."""
+        layers = (self.to_q, self.to_k, self.to_v)
+        with torch.no_grad():
+            weight = torch.cat([layer.weight for layer in layers])
+            bias = torch.cat([layer.bias for layer in layers])
+        self.qkv_weight, self.qkv_bias = weight, bias
+        for layer, w, b in zip(layers, parts(weight, 3, 0), parts(bias, 3, 0)):
+            layer.weight = nn.Parameter(w, requires_grad=layer.weight.requires_grad)
+            layer.bias = nn.Parameter(b, requires_grad=layer.bias.requires_grad)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.pack_qkv()
+        return self
+
+    def __setstate__(self, state):          # copy.deepcopy and unpickling copy each tensor on its own
+        super().__setstate__(state)
+        self.pack_qkv()
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)   # (b, h, t, d)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (b, T, dim) -> q, k, v (b, T, h * d) each."""
-        return self.to_q(x), self.to_k(x), self.to_v(x)
+        """x (b, T, dim) -> q, k, v (b, T, h * d) each: one product over the packed weight."""
+        return tuple(parts(F.linear(x, self.qkv_weight, self.qkv_bias), 3, -1))
 
     def forward(self, x: torch.Tensor, att_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, dim); att_cache: (b, h, L, 2d) = [k | v] -> out (b, T, dim), cache (b, h, T+L, 2d).

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
 
 from c2w.runtime.model.config import FULL, TINY
-from c2w.runtime.model.dit import SHIFTED_GEMM_ROWS, CausalConvBlock, DiT, CFMSolver, euler_schedule
+from c2w.runtime.model.dit import SHIFTED_GEMM_ROWS, Attention, CausalConvBlock, DiT, CFMSolver, euler_schedule
 from c2w.runtime.model.weights import init_random_
 from c2w.runtime.units import rel_l2
 from tests.oracle import oracle_cfm, oracle_dit
@@ -200,6 +200,52 @@ def test_conv_weights_keep_upstream_shape_and_tap_major_storage():
             assert w.permute(0, 2, 1).is_contiguous()                 # the products read views
             assert torch.equal(w, sd[f"block.{i}.weight"].to(w.dtype))
         assert m.block[1].weight.requires_grad                       # a parameter like the others
+
+
+def test_qkv_is_one_product_over_upstreams_three_weights_stored_once():
+    import copy
+    import pickle
+    attn = Attention(32, 2, 16)
+    g = torch.Generator().manual_seed(1)
+    sd = {k: torch.randn(v.shape, generator=g) for k, v in attn.state_dict().items()}
+    assert set(sd) == {f"{n}.{p}" for n in ("to_q", "to_k", "to_v", "q_norm", "k_norm", "proj")
+                       for p in ("weight", "bias")}                 # upstream's keys, no packed one
+    x = torch.randn(2, 5, 32, generator=g)
+
+    def check(m):
+        """The layers are views of the packed pair, and `project` computes upstream's three."""
+        for name in ("to_q", "to_k", "to_v"):
+            layer = getattr(m, name)
+            assert layer.weight.untyped_storage().data_ptr() == m.qkv_weight.untyped_storage().data_ptr()
+            assert layer.bias.untyped_storage().data_ptr() == m.qkv_bias.untyped_storage().data_ptr()
+            assert layer.weight.is_contiguous() and layer.weight.requires_grad
+        dt = m.qkv_weight.dtype
+        for got, name in zip(m.project(x.to(dt)), ("to_q", "to_k", "to_v")):
+            want = F.linear(x.double(), sd[f"{name}.weight"].double(), sd[f"{name}.bias"].double())
+            assert rel_l2(got.double(), want) <= (1e-6 if dt != torch.float16 else 2e-3)
+
+    attn.load_state_dict(sd)                                        # writes through the views
+    check(attn)
+    for convert in (lambda m: m.to(torch.float64), lambda m: copy.deepcopy(m),
+                    lambda m: pickle.loads(pickle.dumps(m)), lambda m: m.half()):
+        attn = convert(attn)
+        check(attn)
+    init_random_(attn, 3)                                           # so does the random init
+    with torch.no_grad():
+        assert torch.equal(attn.qkv_weight[:32], attn.to_q.weight)
+
+
+def test_weight_bytes_count_the_packed_qkv_once():
+    from c2w.exporter.plan import weight_bytes
+    from c2w.runtime.model.weights import load_model
+    model = load_model("random:tiny")
+    # every tensor of the CFM's modules except the q/k/v parameters, which are views of the
+    # packed buffers (counted once, as the buffers)
+    tensors = {id(t): t for m in model.component_modules()["cfm"]
+               for name, t in list(m.named_parameters()) + list(m.named_buffers())
+               if not any(f"to_{c}." in name for c in "qkv")}
+    assert any(".qkv_weight" in name for name, _ in model.flow.named_buffers())
+    assert weight_bytes(model)["cfm"] == sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def test_conv_form_is_chosen_only_for_static_shapes():
