@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 from c2w.exporter import traffic
 from c2w.exporter.estimate import FixedSizes, GraphPoolSizes, estimate_bytes, key_sizes
 from c2w.exporter.sessions import stream_keys  # noqa: F401  (the planner's keys; callers import it from here)
@@ -77,7 +76,6 @@ def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
                     n += elems * (size if size and id(t) in cast and t.is_floating_point() else t.element_size())
         out[comp] = n
     return out
-
 
 
 def _fill(ordered: list[ShapeKey], sizes: GraphPoolSizes | FixedSizes, weights: dict[str, int], budget: int,

@@ -80,9 +80,8 @@ class Attention(nn.Module):
     uses. So the state dict, `load_state_dict` and `init_random_` see upstream's three layers,
     the values live once, and an AOTI package binds the packed pair. `.to()`, `.half()`,
     `copy.deepcopy` and unpickling copy each tensor on its own; `_apply` and `__setstate__` pack
-    them again afterwards. (Replacing the
-    parameters themselves, e.g. `load_state_dict(..., assign=True)`, unties them: call
-    `pack_qkv()` after.) Measured on the H200 depth-2 proxy at B=1: 2.06 ms per solve against
+    them again afterwards. (Replacing the parameters themselves, e.g. `load_state_dict(...,
+    assign=True)`, unties them: call `pack_qkv()` after.) Measured on the H200 depth-2 proxy at B=1: 2.06 ms per solve against
     2.37 with three products (benchmarks/h200/README.md, run 12c). AOTI packages built before
     bind the three layers' weights, which still hold the values: they stay valid, and a rebuild
     gives them the one product.
