@@ -17,7 +17,7 @@ from c2w.exporter.sessions import stream_keys  # noqa: F401  (the planner's keys
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.config import ModelConfig
 from c2w.runtime.units import DTYPES, SPECS, ShapeKey
-from c2w.runtime.verify import memory_of
+from c2w.runtime.verify import distinct_memory
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,10 @@ def weight_bytes(model, dtypes: dict[str, str] | None = None) -> dict[str, int]:
     for comp, mods in model.component_modules().items():
         size = DTYPES[dtypes[comp]].itemsize if dtypes else None
         cast = {id(t) for m in model.precision_modules(comp) for t in list(m.parameters()) + list(m.buffers())}
-        seen, n = set(), 0
-        for m in mods:
-            for t in list(m.parameters()) + list(m.buffers()):
-                # a view of memory already counted is not counted again (the DiT's q/k/v
-                # parameters are views of its packed buffers: runtime/model/dit.py, Attention)
-                where = memory_of(t)
-                if where not in seen:
-                    seen.add(where)
-                    elems = t.untyped_storage().nbytes() // t.element_size() if isinstance(where, tuple) else t.numel()
-                    n += elems * (size if size and id(t) in cast and t.is_floating_point() else t.element_size())
-        out[comp] = n
+        # memory shared by views counts once (the DiT's q/k/v parameters are views of its packed buffers)
+        tensors = (t for m in mods for t in list(m.parameters()) + list(m.buffers()))
+        out[comp] = sum(n * (size if size and id(t) in cast and t.is_floating_point() else t.element_size())
+                        for t, n in distinct_memory(tensors))
     return out
 
 

@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -41,23 +42,22 @@ def unit_weights(unit: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(unit.named_parameters()), **dict(unit.named_buffers())}
 
 
-def memory_of(t: torch.Tensor):
-    """What identifies the memory a tensor lives in: its storage (device, address), or the tensor
-    itself where there is no address to compare (meta tensors, empty storages). Views of one
-    storage (the DiT's q/k/v parameters and its packed buffers) share it."""
-    ptr = t.untyped_storage().data_ptr() if t.device.type != "meta" else 0
-    return (str(t.device), ptr) if ptr else id(t)
+def distinct_memory(tensors) -> Iterator[tuple[torch.Tensor, int]]:
+    """Each block of memory among `tensors` once: (the first tensor seen in it, the elements it
+    holds). Views of one storage (the DiT's q/k/v parameters and its packed buffers) are one block,
+    counted whole; a tensor with no address to compare (meta, empty storage) is its own block."""
+    seen = set()
+    for t in tensors:
+        ptr = t.untyped_storage().data_ptr() if t.device.type != "meta" else 0
+        where = (str(t.device), ptr) if ptr else id(t)
+        if where not in seen:
+            seen.add(where)
+            yield t, (t.untyped_storage().nbytes() // t.element_size() if ptr else t.numel())
 
 
 def unit_weight_bytes(unit: torch.nn.Module) -> int:
     """Bytes the weights of a unit module occupy: each storage once."""
-    seen, n = set(), 0
-    for t in unit_weights(unit).values():
-        where = memory_of(t)
-        if where not in seen:
-            seen.add(where)
-            n += t.untyped_storage().nbytes() if isinstance(where, tuple) else t.numel() * t.element_size()
-    return n
+    return sum(n * t.element_size() for t, n in distinct_memory(unit_weights(unit).values()))
 
 
 def weights_layout(unit: torch.nn.Module) -> dict[str, list[int]]:
