@@ -110,11 +110,13 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
                        got: dict | None = None) -> tuple[list[Entry], str | None]:
     """Hold the budget for the directory's built keys as they measure loaded together in a fresh
     process (`got`: such a measurement of exactly them, when one was already taken). While the
-    total is over the budget, the keys from the first one that takes it over become
-    `over_budget`, artifacts no kept key uses are removed, and the rest is measured again. Each
-    kept key's bytes, each component's engine state and the directory's total are recorded on
-    the manifest (written after every cut). Returns (the entries it marked over budget, the
-    measurement's error or None); after an error `manifest.measured` holds it."""
+    total is over the budget, the key that takes it over becomes `over_budget`, its artifact is
+    removed if no kept key uses it, and the rest, the keys after it included, are measured again
+    in a new process: a key that measured small next to memory an unloaded key left behind can
+    cost more in a fresh process, and the keys after it may still fit without it (run 13a,
+    docs/budget.md). Each kept key's bytes, each component's engine state and the directory's
+    total are recorded on the manifest (written after every cut). Returns (the entries it marked
+    over budget, the measurement's error or None); after an error `manifest.measured` holds it."""
     budget, kind = manifest.budget_bytes, memory.memory_kind(device)
     built = [e for e in manifest.entries if e.status == Status.BUILT]
     dropped: list[Entry] = []
@@ -133,14 +135,15 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
             manifest.engine_shared_bytes.update(got["engine_shared_bytes"])
             manifest.measured = Measurement(**got)
             return dropped, None
-        why = (f"over budget: the directory measured {mib(per_key[first][2])} MiB in a fresh process with the "
-               f"keys up to {per_key[first][0]}, budget {mib(budget)} MiB")
-        for e in built[first:]:
-            e.status, e.error = Status.OVER_BUDGET, why
-        dropped += built[first:]
-        remove_unused_artifacts(out_dir, manifest, built[first:])
+        e = next(b for b in built if b.id == per_key[first][0])
+        built.remove(e)
+        e.status = Status.OVER_BUDGET
+        e.error = (f"over budget: the directory measured {mib(per_key[first][2])} MiB in a fresh process with the "
+                   f"keys up to {e.id}, budget {mib(budget)} MiB")
+        dropped.append(e)
+        remove_unused_artifacts(out_dir, manifest, [e])
         write_manifest(out_dir, manifest)
-        built, got = built[:first], None
+        got = None
     manifest.measured = None
     return dropped, None
 

@@ -19,7 +19,7 @@ One loop for every backend; a backend's builder only builds (exporter/backends/b
   a key whose *estimate* does not fit what is left is not built (`skipped_budget`). Whatever the
   plan's own estimate-based cut said, a key is tried whenever the measured room allows. At the
   end the directory is measured again in another fresh process and recorded in the manifest;
-  keys from the first one that takes that total over the budget are `over_budget` too.
+  a key that takes that total over the budget is `over_budget` too, and the rest is measured again.
   Parallel shards on one GPU cannot measure (a device-wide reading includes the other shards):
   with `measure=False` a shard keeps what it builds by the estimates and leaves the measurement
   to `c2w merge` (docs/budget.md).
@@ -442,8 +442,9 @@ class _Run:
 
     def measure_final(self) -> None:
         """Record the directory's keys measured together in a fresh process: the loop's own
-        measurement process if it held exactly them, else a new one; keys from the first one
-        that takes the total over the budget become `over_budget` (budget.fit_by_measurement)."""
+        measurement process if it held exactly them, else a new one; a key that takes the total
+        over the budget becomes `over_budget` and the rest is measured again
+        (budget.fit_by_measurement)."""
         write_manifest(self.out_dir, self.manifest)
         built = [e.id for e in self.manifest.entries if e.status == Status.BUILT]
         got = None

@@ -12,6 +12,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import c2w.exporter.export as ex
@@ -133,6 +134,40 @@ def test_a_built_key_that_does_not_fit_is_not_kept(measured, tmp_path):
     assert e.artifact is None and not (d / "onnxruntime" / f"{ENC100}.onnx").exists()
     assert (res.built, res.reused, res.over_budget) == (0, 2, 3)
     assert m.measured.total_bytes <= m.budget_bytes
+
+
+def test_the_fresh_measurement_cuts_only_the_key_that_takes_it_over(measured, tmp_path, monkeypatch):
+    """As on the H200 (run 13a): a key that read small next to memory a released key left behind
+    measures large in a fresh process. Only that key is cut; the keys after it are measured again
+    without it and kept if they fit, and a key that no longer fits without the first (it now brings
+    the graph pool itself) is cut in the next round. The sizes are faked, the cut logic is real."""
+    import c2w.runtime.memory as memory
+    from c2w.exporter.budget import fit_by_measurement
+    d = _copy(measured, tmp_path)
+    m = read_manifest(d)
+    fixed = {c: 4 * MiB for c in m.weight_bytes}
+    m.weight_bytes = dict(fixed)
+    m.budget_bytes = 2 * 4 * MiB + 100 * MiB
+    calls = []
+
+    def fake_measure(out_dir, manifest, device):
+        loaded = [e for e in manifest.entries if e.status == "built"]
+        calls.append([e.id for e in loaded])
+        ids = {e.id for e in loaded}
+        size = {ENC150: 10, ENC200: 10, HIFT58: 90, ENC100: 10, HIFT50: 5 if HIFT58 in ids else 75}
+        got = [(e, {"bytes": size[e.id] * MiB, "seconds": 0.1, "shared": {e.component: 0}}) for e in loaded]
+        return {"kind": "host_anon", **memory.summarize(manifest.weight_bytes, got)}
+    monkeypatch.setattr(memory, "measure_directory", fake_measure)
+    dropped, error = fit_by_measurement(d, m, torch.device("cpu"))
+    assert error is None and [e.id for e in dropped] == [HIFT58, HIFT50]
+    assert calls == [SMALL, [ENC150, ENC200, ENC100, HIFT50], [ENC150, ENC200, ENC100]]
+    status = {e.id: e.status for e in m.entries}
+    assert [k for k in SMALL if status[k] == "built"] == [ENC150, ENC200, ENC100]
+    assert "keys up to hift-B1-F58" in m.by_id()[HIFT58].error and "keys up to hift-B1-F50" in m.by_id()[HIFT50].error
+    assert m.measured.total_bytes == 4 * MiB + 30 * MiB and m.measured.keys == 3
+    assert [m.by_id()[k].device_bytes for k in (ENC150, ENC200, ENC100)] == [10 * MiB] * 3
+    assert not list((d / "onnxruntime").glob("hift*")) and (d / "onnxruntime" / f"{ENC100}.onnx").exists()
+    assert read_manifest(d).by_id()[HIFT50].status == "over_budget"      # written after each cut
 
 
 def test_verify_and_report_flag_a_manifest_edited_over_its_budget(measured, tmp_path):
