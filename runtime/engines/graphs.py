@@ -39,6 +39,16 @@ class GraphPool:
         self.captured = 0               # captures attempted into this pool (failed ones too)
         self.live = 0                   # graphs captured and not yet released
         self._count_lock = threading.Lock()   # not `lock`: a finalizer may run while it is held
+        self._warmup_stream = None
+
+    def warmup_stream(self) -> torch.cuda.Stream:
+        """The one side stream every capture into this pool warms up on (the caller holds `lock`).
+        PyTorch gives cuBLAS a workspace per (handle, stream) it runs on and keeps it for the
+        process's life (32 MiB on an H100/H200), and each new torch.cuda.Stream is the next of 32
+        pooled streams: a stream per capture cost the first 32 captured keys 32 MiB each (docs/aoti.md)."""
+        if self._warmup_stream is None:
+            self._warmup_stream = torch.cuda.Stream(self.device)
+        return self._warmup_stream
 
     @property
     def retired(self) -> bool:
@@ -103,7 +113,7 @@ class CapturedCall:
         A stale graph is replaced only once its successor is captured: the pool keeps a live
         graph throughout, so it never retires between the two."""
         pool, device = self.pool, self.device
-        side = torch.cuda.Stream(device)
+        side = pool.warmup_stream()
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(self.warmups):

@@ -129,6 +129,21 @@ def test_inputs_are_copied_into_static_buffers_on_every_call(cuda):
     assert cc.graph.replays == 3 and cuda.eager_calls == 2 and cc.pool.captured == 1
 
 
+def test_the_captures_of_one_pool_warm_up_on_one_stream(cuda, monkeypatch):
+    """cuBLAS keeps a 32 MiB workspace per stream it ran on (H100/H200): the warm-ups of every
+    capture into a pool share one side stream, so only the first capture makes one (the H200's
+    first 32 captured keys each measured ~32 MiB more, run 13a)."""
+    made = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: made.append(FakeStream()) or made[-1])
+    pool = GraphPool(CPU)
+    calls = [CapturedCall(cuda.kernel(lambda x: x + i), [(2,)], [torch.float32], CPU, pool) for i in range(3)]
+    assert len(made) == 1 and pool.warmup_stream() is made[0] and pool.captured == 3
+    CapturedCall(cuda.kernel(lambda x: x * 2), [(2,)], [torch.float32], CPU)     # a pool of its own
+    assert len(made) == 2
+    for c in calls:
+        c.release()
+
+
 def test_outputs_are_cloned_copied_or_the_static_buffers_as_asked(cuda):
     cc = CapturedCall(cuda.kernel(lambda x: x + 1), [(4,)], [torch.float32], CPU)
     first = cc(torch.zeros(4))
