@@ -14,8 +14,12 @@ order, what it held outside the graph pool (`extra.memory_split`: allocated + ou
 allocator) less the estimate's own part of it (package, static buffers, HiFT's constants): the
 ~32 MiB cuBLAS workspace a new warm-up stream cost the first 32 captures shows there (docs/aoti.md).
 
+With --stream-workspace-mib W the replay adds W MiB to each of the first --stream-captures
+captured keys (default 30): what a measurement taken before the captures shared one warm-up
+stream (`d970cfe`) held besides what the estimate models (runs 10, 11, 13a: W = 32).
+
 Usage: python benchmarks/h200/estimate_fit.py benchmarks/h200/results/run10_sweep/manifest.json
-       [--tolerance 0.15] [--floor-mib 8] [--beyond-own]
+       [--tolerance 0.15] [--floor-mib 8] [--beyond-own] [--stream-workspace-mib 32 [--stream-captures 30]]
 """
 from __future__ import annotations
 
@@ -30,13 +34,19 @@ from c2w.runtime.verify import entry_key
 MIB = 1 << 20
 
 
-def replay(manifest) -> list[tuple[object, int]]:
-    """(entry, estimated bytes) in manifest order; only measured entries join the simulated load."""
-    pool = GraphPoolSizes(preset(manifest.model.config), dict(manifest.weight_bytes))
-    out = []
+def replay(manifest, stream_workspace: int = 0, stream_captures: int = 30) -> list[tuple[object, int]]:
+    """(entry, estimated bytes) in manifest order; only measured entries join the simulated load.
+    stream_workspace: bytes added to each of the first `stream_captures` captured keys loaded."""
+    cfg = preset(manifest.model.config)
+    pool = GraphPoolSizes(cfg, dict(manifest.weight_bytes))
+    out, captures = [], 0
     for e in manifest.entries:
         key = entry_key(e)
-        out.append((e, pool.add(key) if e.device_bytes is not None else pool.cost(key)))
+        est = pool.add(key) if e.device_bytes is not None else pool.cost(key)
+        if stream_workspace and e.device_bytes is not None and key_cost(cfg, key, dict(manifest.weight_bytes)).captured:
+            captures += 1
+            est += stream_workspace if captures <= stream_captures else 0
+        out.append((e, est))
     return out
 
 
@@ -62,6 +72,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--floor-mib", type=float, default=8.0)
     ap.add_argument("--beyond-own", action="store_true", help="per captured key: held outside the pool - own")
+    ap.add_argument("--stream-workspace-mib", type=float, default=0.0)
+    ap.add_argument("--stream-captures", type=int, default=30)
     a = ap.parse_args(argv)
     m = read_manifest(a.manifest.parent if a.manifest.is_file() else a.manifest)
     if a.beyond_own:
@@ -71,7 +83,7 @@ def main(argv=None) -> int:
     print(f"{'key':44s} {'measured':>9s} {'estimate':>9s} {'ratio':>6s}  within")
     ok = n = 0
     sums: dict[str, list[int]] = {}
-    for e, est in replay(m):
+    for e, est in replay(m, int(a.stream_workspace_mib * MIB), a.stream_captures):
         if e.device_bytes is None:
             print(f"{e.id:44s} {'-':>9s} {est / MIB:9.1f} {'':>6s}  ({e.status.value}, not loaded)")
             continue
