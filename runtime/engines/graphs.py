@@ -39,16 +39,6 @@ class GraphPool:
         self.captured = 0               # captures attempted into this pool (failed ones too)
         self.live = 0                   # graphs captured and not yet released
         self._count_lock = threading.Lock()   # not `lock`: a finalizer may run while it is held
-        self._warmup_stream = None
-
-    def warmup_stream(self) -> torch.cuda.Stream:
-        """The one side stream every capture into this pool warms up on (the caller holds `lock`).
-        PyTorch gives cuBLAS a workspace per (handle, stream) it runs on and keeps it for the
-        process's life (32 MiB on an H100/H200), and each new torch.cuda.Stream is the next of 32
-        pooled streams: a stream per capture cost the first 32 captured keys 32 MiB each (docs/aoti.md)."""
-        if self._warmup_stream is None:
-            self._warmup_stream = torch.cuda.Stream(self.device)
-        return self._warmup_stream
 
     @property
     def retired(self) -> bool:
@@ -64,6 +54,24 @@ class GraphPool:
     def _dropped(self) -> None:
         with self._count_lock:
             self.live -= 1
+
+
+_warmup_streams: dict[torch.device, torch.cuda.Stream] = {}
+_warmup_lock = threading.Lock()
+
+
+def warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream every capture on `device` warms up on, whatever its pool. PyTorch gives
+    cuBLAS a workspace per (handle, stream) it runs on and keeps it for the process's life (32 MiB
+    on an H100/H200), and each new torch.cuda.Stream is the next of 32 pooled streams: a stream per
+    capture cost each of the first 32 captures 32 MiB (docs/aoti.md). Captures on one device already
+    share PyTorch's one capture stream, so sharing the warm-up stream serializes nothing more."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with _warmup_lock:
+        if device not in _warmup_streams:
+            _warmup_streams[device] = torch.cuda.Stream(device)
+        return _warmup_streams[device]
 
 
 class CapturedCall:
@@ -113,7 +121,7 @@ class CapturedCall:
         A stale graph is replaced only once its successor is captured: the pool keeps a live
         graph throughout, so it never retires between the two."""
         pool, device = self.pool, self.device
-        side = pool.warmup_stream()
+        side = warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(self.warmups):
