@@ -272,6 +272,8 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
         console.print(f"measured together in a fresh process ({m.measured.kind}): {mib(m.measured.total_bytes)} "
                       f"MiB of {mib(m.budget_bytes)} MiB{took}; {len(res.measured_over)} more keys over the budget "
                       "by it", highlight=False, soft_wrap=True)
+        for e in res.fresh_cut:             # kept while measuring in plan order, cut by the fresh process
+            console.print(f"  {e.id}: {e.error}", highlight=False, markup=False, soft_wrap=True)
     else:
         console.print(f"not measured together: {res.not_measured or 'every key was measured by its shard'}; c2w verify "
                       "measures the merged directory", highlight=False, soft_wrap=True)

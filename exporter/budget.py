@@ -158,7 +158,8 @@ def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
     is tried. The kept keys are then recorded as measured together (`fit_by_measurement`, in a
     new process if any key was unloaded: memory it freed is reused by later loads).
     `on_key(i, n, entry, ledger)` after the i-th of n keys is measured (entry.extra["load_seconds"]:
-    its load and first run). Returns (the entries over budget, the measurement's error or None)."""
+    its load and first run). Returns (the entries over budget while measuring in plan order, those
+    the fresh measurement then cut, the measurement's error or None)."""
     ledger, kind = Ledger(manifest.budget_bytes, dict(manifest.weight_bytes)), memory.memory_kind(device)
     held, over = [], []
     try:
@@ -181,12 +182,12 @@ def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
                     on_key(i, len(built), e, ledger)
     except memory.MeasureError as err:
         manifest.measured = FailedMeasurement(str(err))
-        return over, str(err)
+        return over, [], str(err)
     remove_unused_artifacts(out_dir, manifest, over)
     write_manifest(out_dir, manifest)
     got = None if over else {"kind": kind, **memory.summarize(manifest.weight_bytes, held)}
     dropped, error = fit_by_measurement(out_dir, manifest, device, got)
-    return over + dropped, error
+    return over, dropped, error
 
 
 def remove_unused_artifacts(out_dir: Path, manifest: Manifest, entries: list[Entry]) -> None:

@@ -39,7 +39,8 @@ _SAME = ("profile.digest", "model.digest", "backend", "device", "precision", "to
 class MergeResult:
     manifest: Manifest
     over_budget: list[Entry] = field(default_factory=list)      # by the shards' measurements
-    measured_over: list[Entry] = field(default_factory=list)    # by the merge's own measurement
+    measured_over: list[Entry] = field(default_factory=list)    # by the merge's own measurement (all)
+    fresh_cut: list[Entry] = field(default_factory=list)        # of those, cut by the fresh process's
     not_measured: str | None = None         # why the merge did not measure keys no shard measured
     measure_error: str | None = None
 
@@ -101,7 +102,8 @@ def merge_dirs(out: Path, shards: list[Path], on_measured: Callable[[int, int, E
             result.not_measured = (f"built on '{merged.device}' and this machine has no CUDA: run c2w verify on the GPU "
                                    "machine, which measures the directory")
         else:
-            result.measured_over, result.measure_error = keep_by_measurement(out, merged, device, on_measured)
+            over, result.fresh_cut, result.measure_error = keep_by_measurement(out, merged, device, on_measured)
+            result.measured_over = over + result.fresh_cut
             write_manifest(out, merged)
     return result
 

@@ -273,6 +273,34 @@ def test_merge_measures_what_shards_left_unmeasured_and_keeps_what_fits(measured
     assert result.exit_code == 0 and "budget: measured together in a fresh process" in result.output, result.output
 
 
+def test_merge_names_each_key_the_fresh_measurement_cuts(measured, tmp_path, monkeypatch):
+    """The merge's running total keeps the first-chunk encoder key; the fresh process (faked here to
+    read it 40 MiB larger, as the H200's B=32 HiFT key read next to no released keys, run 13a)
+    takes the total over, so it is cut, and the merge says which key and why."""
+    import c2w.runtime.memory as memory
+    src, m0 = measured
+    budget = _partial_budget(m0)
+    real = memory.measure_directory
+
+    def fresh(out_dir, manifest, device):
+        got = real(out_dir, manifest, device)
+        extra, rows = 0, []
+        for key_id, own, total in got["per_key"]:
+            extra += 40 * MiB if key_id == ENC100 else 0
+            rows.append([key_id, own + (40 * MiB if key_id == ENC100 else 0), total + extra])
+        return {**got, "per_key": rows, "key_bytes": got["key_bytes"] + extra, "total_bytes": got["total_bytes"] + extra}
+    monkeypatch.setattr(memory, "measure_directory", fresh)
+    shards = [_unmeasured_shard(src, tmp_path / "s1", "flow_encoder", budget),
+              _unmeasured_shard(src, tmp_path / "s2", "hift", budget)]
+    result = runner.invoke(app, ["merge", str(tmp_path / "all"), *map(str, shards)])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 0 and "3 more keys over the budget by it" in out, result.output
+    assert f"{ENC100}: over budget: the directory measured" in out and "in a fresh process with the keys up to" in out
+    m = read_manifest(tmp_path / "all")
+    assert [e.id for e in m.entries if e.status == "built"] == [ENC150, ENC200]
+    assert m.measured.keys == 2 and m.measured.total_bytes <= budget
+
+
 def test_a_shard_that_measures_at_merge_starts_no_measurement_and_keeps_by_estimate(measured, tmp_path, monkeypatch):
     import c2w.runtime.memory
 
