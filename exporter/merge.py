@@ -40,7 +40,7 @@ class MergeResult:
     manifest: Manifest
     over_budget: list[Entry] = field(default_factory=list)      # by the shards' measurements
     measured_over: list[Entry] = field(default_factory=list)    # by the merge's own measurement (all)
-    fresh_cut: list[Entry] = field(default_factory=list)        # of those, cut by the fresh process's
+    fresh_cut: list[Entry] = field(default_factory=list)        # of those, the ones the fresh process cut
     not_measured: str | None = None         # why the merge did not measure keys no shard measured
     measure_error: str | None = None
 

@@ -275,8 +275,8 @@ def test_merge_measures_what_shards_left_unmeasured_and_keeps_what_fits(measured
 
 def test_merge_names_each_key_the_fresh_measurement_cuts(measured, tmp_path, monkeypatch):
     """The merge's running total keeps the first-chunk encoder key; the fresh process (faked here to
-    read it 40 MiB larger, as the H200's B=32 HiFT key read next to no released keys, run 13a)
-    takes the total over, so it is cut, and the merge says which key and why."""
+    read it 40 MiB larger; on the H200 a B=32 HiFT key read ~960 MiB more there than next to the
+    released keys, run 13a) takes the total over, so it is cut, and the merge says which key and why."""
     import c2w.runtime.memory as memory
     src, m0 = measured
     budget = _partial_budget(m0)
