@@ -256,7 +256,11 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
                       f"{e.extra['load_seconds']:.1f} s, {what}; {len(ledger.kept)} kept, {mib(ledger.total())} of "
                       f"{mib(ledger.budget)} MiB", highlight=False, soft_wrap=True)
 
-    res = merge_dirs(out, shards, measured)
+    def cut(e):                             # kept in plan order; a fresh process with the kept keys says no
+        console.print(f"cut by the fresh-process measurement: {e.id} ({e.error}); measuring the rest again",
+                      highlight=False, markup=False, soft_wrap=True)
+
+    res = merge_dirs(out, shards, measured, cut)
     m = res.manifest
     n = sum(e.status == Status.BUILT for e in m.entries)
     console.print(f"{n} built entries from {len(shards)} shards -> {out / 'manifest.json'}", highlight=False,
@@ -271,9 +275,10 @@ def merge(out: Path = typer.Argument(..., help="merged artifact directory"),
         took = "" if m.measured.load_seconds is None else f", {m.measured.load_seconds:.0f} s to load and run them"
         console.print(f"measured together in a fresh process ({m.measured.kind}): {mib(m.measured.total_bytes)} "
                       f"MiB of {mib(m.budget_bytes)} MiB{took}; {len(res.measured_over)} more keys over the budget "
-                      "by it", highlight=False, soft_wrap=True)
-        for e in res.fresh_cut:             # kept while measuring in plan order, cut by the fresh process
-            console.print(f"  {e.id}: {e.error}", highlight=False, markup=False, soft_wrap=True)
+                      f"by the merge's measurement ({len(res.fresh_cut)} of them cut by a fresh process)",
+                      highlight=False, soft_wrap=True)
+    elif res.measured_over and n == 0:
+        console.print("nothing kept: no built key fits the budget by measurement", highlight=False)
     else:
         console.print(f"not measured together: {res.not_measured or 'every key was measured by its shard'}; c2w verify "
                       "measures the merged directory", highlight=False, soft_wrap=True)

@@ -106,8 +106,8 @@ def overrun(what: str, total: int, budget: int, parts: str) -> str:
             "over")
 
 
-def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
-                       got: dict | None = None) -> tuple[list[Entry], str | None]:
+def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device, got: dict | None = None,
+                       on_cut: Callable[[Entry], None] | None = None) -> tuple[list[Entry], str | None]:
     """Hold the budget for the directory's built keys as they measure loaded together in a fresh
     process (`got`: such a measurement of exactly them, when one was already taken). While the
     total is over the budget, the key that takes it over becomes `over_budget`, its artifact is
@@ -115,8 +115,9 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
     in a new process: a key that measured small next to memory an unloaded key left behind can
     cost more in a fresh process, and the keys after it may still fit without it (run 13a,
     docs/budget.md). Each kept key's bytes, each component's engine state and the directory's
-    total are recorded on the manifest (written after every cut). Returns (the entries it marked
-    over budget, the measurement's error or None); after an error `manifest.measured` holds it."""
+    total are recorded on the manifest (written after every cut). `on_cut(entry)` after each cut,
+    before the next measurement. Returns (the entries it marked over budget, the measurement's
+    error or None); after an error `manifest.measured` holds it."""
     budget, kind = manifest.budget_bytes, memory.memory_kind(device)
     built = [e for e in manifest.entries if e.status == Status.BUILT]
     dropped: list[Entry] = []
@@ -141,16 +142,20 @@ def fit_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
         e.error = (f"over budget: the directory measured {mib(per_key[first][2])} MiB in a fresh process with the "
                    f"keys up to {e.id}, budget {mib(budget)} MiB")
         dropped.append(e)
-        remove_unused_artifacts(out_dir, manifest, [e])
+        # all cut so far: a plan an earlier cut key shared with a key kept then may be unused now
+        remove_unused_artifacts(out_dir, manifest, dropped)
         write_manifest(out_dir, manifest)
+        if on_cut is not None:
+            on_cut(e)
         got = None
     manifest.measured = None
     return dropped, None
 
 
 def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
-                        on_key: Callable[[int, int, Entry, Ledger], None] | None = None
-                        ) -> tuple[list[Entry], str | None]:
+                        on_key: Callable[[int, int, Entry, Ledger], None] | None = None,
+                        on_cut: Callable[[Entry], None] | None = None
+                        ) -> tuple[list[Entry], list[Entry], str | None]:
     """Hold the budget for built keys no export measured (a merge of `--measure-at-merge` shards),
     as an export does while it builds: in plan order, each built key is loaded into one fresh
     measurement process next to the keys kept before it and measured there; it is kept if its
@@ -158,8 +163,9 @@ def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
     is tried. The kept keys are then recorded as measured together (`fit_by_measurement`, in a
     new process if any key was unloaded: memory it freed is reused by later loads).
     `on_key(i, n, entry, ledger)` after the i-th of n keys is measured (entry.extra["load_seconds"]:
-    its load and first run). Returns (the entries over budget while measuring in plan order, those
-    the fresh measurement then cut, the measurement's error or None)."""
+    its load and first run); `on_cut(entry)` after each key the fresh measurement cuts. Returns
+    (the entries over budget while measuring in plan order, those the fresh measurement then cut,
+    the measurement's error or None)."""
     ledger, kind = Ledger(manifest.budget_bytes, dict(manifest.weight_bytes)), memory.memory_kind(device)
     held, over = [], []
     try:
@@ -186,7 +192,7 @@ def keep_by_measurement(out_dir: Path, manifest: Manifest, device: torch.device,
     remove_unused_artifacts(out_dir, manifest, over)
     write_manifest(out_dir, manifest)
     got = None if over else {"kind": kind, **memory.summarize(manifest.weight_bytes, held)}
-    dropped, error = fit_by_measurement(out_dir, manifest, device, got)
+    dropped, error = fit_by_measurement(out_dir, manifest, device, got, on_cut)
     return over, dropped, error
 
 

@@ -45,10 +45,11 @@ class MergeResult:
     measure_error: str | None = None
 
 
-def merge_dirs(out: Path, shards: list[Path], on_measured: Callable[[int, int, Entry, Ledger], None] | None = None
-               ) -> MergeResult:
-    """Merge `shards` into `out` (the module docstring); `on_measured` is budget.keep_by_measurement's
-    `on_key`, called after each key the merge measures."""
+def merge_dirs(out: Path, shards: list[Path], on_measured: Callable[[int, int, Entry, Ledger], None] | None = None,
+               on_cut: Callable[[Entry], None] | None = None) -> MergeResult:
+    """Merge `shards` into `out` (the module docstring); `on_measured` and `on_cut` are
+    budget.keep_by_measurement's `on_key` (after each key the merge measures) and `on_cut` (after
+    each key the fresh-process measurement cuts)."""
     if not shards:
         raise C2WUserError("c2w merge", "no shard directories", "one or more directories written by c2w export")
     shards = [Path(s) for s in shards]
@@ -102,7 +103,8 @@ def merge_dirs(out: Path, shards: list[Path], on_measured: Callable[[int, int, E
             result.not_measured = (f"built on '{merged.device}' and this machine has no CUDA: run c2w verify on the GPU "
                                    "machine, which measures the directory")
         else:
-            over, result.fresh_cut, result.measure_error = keep_by_measurement(out, merged, device, on_measured)
+            over, result.fresh_cut, result.measure_error = keep_by_measurement(out, merged, device, on_measured,
+                                                                                on_cut)
             result.measured_over = over + result.fresh_cut
             write_manifest(out, merged)
     return result

@@ -59,7 +59,8 @@ def beyond_own(manifest) -> None:
         if e.device_bytes is None or not split or not cost.captured:
             continue
         n += 1
-        print(f"{n:7d}  {e.id:44s} {(split['allocated'] + split['outside'] - cost.own) / MIB:33.1f}")
+        held = split.get("allocated", 0) + split.get("outside", 0)
+        print(f"{n:7d}  {e.id:44s} {(held - cost.own) / MIB:33.1f}")
 
 
 def within(est: int, measured: int, tolerance: float, floor: int) -> bool:

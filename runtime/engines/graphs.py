@@ -57,21 +57,22 @@ class GraphPool:
 
 
 _warmup_streams: dict[torch.device, torch.cuda.Stream] = {}
-_warmup_lock = threading.Lock()
+_capture_lock = threading.Lock()        # one capture at a time in the process, warm-ups included
 
 
 def warmup_stream(device: torch.device) -> torch.cuda.Stream:
-    """The one side stream every capture on `device` warms up on, whatever its pool. PyTorch gives
-    cuBLAS a workspace per (handle, stream) it runs on and keeps it for the process's life (32 MiB
-    on an H100/H200), and each new torch.cuda.Stream is the next of 32 pooled streams: a stream per
-    capture cost each of the first 32 captures 32 MiB (docs/aoti.md). Captures on one device already
-    share PyTorch's one capture stream, so sharing the warm-up stream serializes nothing more."""
+    """The one side stream every capture on `device` warms up on, whatever its pool (the caller
+    holds `_capture_lock`). PyTorch gives cuBLAS a workspace per (handle, stream) it runs on and
+    keeps it for the process's life (32 MiB on an H100/H200), and each new torch.cuda.Stream is the
+    next of 32 pooled streams: a stream per capture cost each of the first 32 captures 32 MiB
+    (docs/aoti.md). It is a high-priority stream: those come from a pool of their own, apart from
+    the default-priority streams that serving lanes and PyTorch's capture stream are taken from,
+    so another thread's work never lands on it."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    with _warmup_lock:
-        if device not in _warmup_streams:
-            _warmup_streams[device] = torch.cuda.Stream(device)
-        return _warmup_streams[device]
+    if device not in _warmup_streams:
+        _warmup_streams[device] = torch.cuda.Stream(device, priority=-1)
+    return _warmup_streams[device]
 
 
 class CapturedCall:
@@ -119,29 +120,32 @@ class CapturedCall:
     def _capture(self) -> None:
         """Warm up and capture from the static inputs as they are; the caller holds `pool.lock`.
         A stale graph is replaced only once its successor is captured: the pool keeps a live
-        graph throughout, so it never retires between the two."""
-        pool, device = self.pool, self.device
-        side = warmup_stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(self.warmups):
-                self.fn(*self.inputs)
-        torch.cuda.current_stream(device).wait_stream(side)
-        if pool.retired:
-            raise RuntimeError("capture into a retired GraphPool (all its graphs were released); "
-                               "take a new pool (AOTIBackend.pool does)")
-        at = self.generation() if self.generation is not None else None
-        graph = torch.cuda.CUDAGraph()
-        # counted before capturing: a capture that fails may still have registered the pool
-        # with PyTorch, and a pool with no live graph must not be captured into again
-        pool.captured += 1
-        with torch.cuda.graph(graph, pool=pool.handle):
-            outputs = as_list(self.fn(*self.inputs))
-        self.graph, self.outputs, self._captured_at = graph, outputs, at
-        if self._finalizer is None:
-            pool._added()
-            # the pool counts this object's graph as gone once it is collected or released
-            self._finalizer = weakref.finalize(self, pool._dropped)
+        graph throughout, so it never retires between the two. Captures take turns process-wide
+        (PyTorch captures on one stream of its own): a lazy capture on one serving thread never
+        overlaps another's."""
+        with _capture_lock:
+            pool, device = self.pool, self.device
+            side = warmup_stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(self.warmups):
+                    self.fn(*self.inputs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            if pool.retired:
+                raise RuntimeError("capture into a retired GraphPool (all its graphs were released); "
+                                   "take a new pool (AOTIBackend.pool does)")
+            at = self.generation() if self.generation is not None else None
+            graph = torch.cuda.CUDAGraph()
+            # counted before capturing: a capture that fails may still have registered the pool
+            # with PyTorch, and a pool with no live graph must not be captured into again
+            pool.captured += 1
+            with torch.cuda.graph(graph, pool=pool.handle):
+                outputs = as_list(self.fn(*self.inputs))
+            self.graph, self.outputs, self._captured_at = graph, outputs, at
+            if self._finalizer is None:
+                pool._added()
+                # the pool counts this object's graph as gone once it is collected or released
+                self._finalizer = weakref.finalize(self, pool._dropped)
 
     def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None,
                  clone: bool = True) -> list[torch.Tensor]:

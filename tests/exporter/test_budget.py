@@ -158,8 +158,10 @@ def test_the_fresh_measurement_cuts_only_the_key_that_takes_it_over(measured, tm
         got = [(e, {"bytes": size[e.id] * MiB, "seconds": 0.1, "shared": {e.component: 0}}) for e in loaded]
         return {"kind": "host_anon", **memory.summarize(manifest.weight_bytes, got)}
     monkeypatch.setattr(memory, "measure_directory", fake_measure)
-    dropped, error = fit_by_measurement(d, m, torch.device("cpu"))
+    cut = []
+    dropped, error = fit_by_measurement(d, m, torch.device("cpu"), on_cut=lambda e: cut.append((e.id, len(calls))))
     assert error is None and [e.id for e in dropped] == [HIFT58, HIFT50]
+    assert cut == [(HIFT58, 1), (HIFT50, 2)]                  # each cut reported before the next measurement
     assert calls == [SMALL, [ENC150, ENC200, ENC100, HIFT50], [ENC150, ENC200, ENC100]]
     status = {e.id: e.status for e in m.entries}
     assert [k for k in SMALL if status[k] == "built"] == [ENC150, ENC200, ENC100]
@@ -168,6 +170,27 @@ def test_the_fresh_measurement_cuts_only_the_key_that_takes_it_over(measured, tm
     assert [m.by_id()[k].device_bytes for k in (ENC150, ENC200, ENC100)] == [10 * MiB] * 3
     assert not list((d / "onnxruntime").glob("hift*")) and (d / "onnxruntime" / f"{ENC100}.onnx").exists()
     assert read_manifest(d).by_id()[HIFT50].status == "over_budget"      # written after each cut
+
+
+def test_a_measurement_that_fails_after_a_cut_returns_the_cut_and_the_error(measured, tmp_path, monkeypatch):
+    import c2w.runtime.memory as memory
+    from c2w.exporter.budget import fit_by_measurement
+    d = _copy(measured, tmp_path)
+    m = read_manifest(d)
+    m.weight_bytes, m.budget_bytes = {c: 0 for c in m.weight_bytes}, 50 * MiB
+    rounds = []
+
+    def fake_measure(out_dir, manifest, device):
+        rounds.append(1)
+        if len(rounds) > 1:
+            raise MeasureError("the measurement process stopped (exit code -9)")
+        got = [(e, {"bytes": 20 * MiB, "seconds": 0.1, "shared": {e.component: 0}})
+               for e in manifest.entries if e.status == "built"]
+        return {"kind": "host_anon", **memory.summarize(manifest.weight_bytes, got)}
+    monkeypatch.setattr(memory, "measure_directory", fake_measure)
+    dropped, error = fit_by_measurement(d, m, torch.device("cpu"))
+    assert [e.id for e in dropped] == [HIFT58] and "exit code -9" in error       # 20 + 20 + 20 > 50
+    assert m.measured.error == error and read_manifest(d).by_id()[HIFT58].status == "over_budget"
 
 
 def test_verify_and_report_flag_a_manifest_edited_over_its_budget(measured, tmp_path):
@@ -254,7 +277,8 @@ def test_merge_measures_what_shards_left_unmeasured_and_keeps_what_fits(measured
     result = runner.invoke(app, ["merge", str(tmp_path / "all"), *map(str, shards)])
     assert result.exit_code == 0 and "0 keys over the budget of the whole by the shards' measurements" in result.output
     assert "measured together in a fresh process (host_anon)" in result.output, result.output
-    assert "2 more keys over the budget by it" in result.output, result.output
+    assert "2 more keys over the budget by the merge's measurement (0 of them cut by a fresh process)" in \
+        " ".join(result.output.split()), result.output
     # a line per key as it is measured, in plan order, with its load time (recorded on the entry)
     lines = [ln for ln in result.output.splitlines() if ln.startswith("measured ") and "/5 " in ln]
     assert [ln.split()[2].rstrip(":") for ln in lines] == SMALL, result.output
@@ -294,8 +318,10 @@ def test_merge_names_each_key_the_fresh_measurement_cuts(measured, tmp_path, mon
               _unmeasured_shard(src, tmp_path / "s2", "hift", budget)]
     result = runner.invoke(app, ["merge", str(tmp_path / "all"), *map(str, shards)])
     out = " ".join(result.output.split())
-    assert result.exit_code == 0 and "3 more keys over the budget by it" in out, result.output
-    assert f"{ENC100}: over budget: the directory measured" in out and "in a fresh process with the keys up to" in out
+    assert result.exit_code == 0, result.output
+    assert "3 more keys over the budget by the merge's measurement (1 of them cut by a fresh process)" in out
+    assert (f"cut by the fresh-process measurement: {ENC100} (over budget: the directory measured" in out
+            and f"in a fresh process with the keys up to {ENC100}" in out and "measuring the rest again" in out)
     m = read_manifest(tmp_path / "all")
     assert [e.id for e in m.entries if e.status == "built"] == [ENC150, ENC200]
     assert m.measured.keys == 2 and m.measured.total_bytes <= budget

@@ -101,7 +101,7 @@ def fake_cuda(monkeypatch) -> FakeCuda:
     cuda = FakeCuda()
     for name, value in {"CUDAGraph": lambda: FakeGraph(cuda), "graph": cuda.graph,
                         "graph_pool_handle": cuda.graph_pool_handle, "Event": FakeEvent,
-                        "Stream": lambda device=None: FakeStream(),
+                        "Stream": lambda device=None, priority=0: FakeStream(),
                         "current_stream": lambda device=None: cuda._stream,
                         "stream": lambda s: contextlib.nullcontext()}.items():
         monkeypatch.setattr(torch.cuda, name, value)
@@ -134,14 +134,18 @@ def test_inputs_are_copied_into_static_buffers_on_every_call(cuda):
 def test_every_capture_on_a_device_warms_up_on_one_stream(cuda, monkeypatch):
     """cuBLAS keeps a 32 MiB workspace per stream it ran on (H100/H200): the warm-ups of every
     capture on a device, in one pool or in pools of their own (the exporter verifies each key with
-    a fresh pool), share one side stream, so only the first capture makes one (the H200's first ~30
-    captured keys of a process each held ~32 MiB more, runs 11 and 13a)."""
-    made = []
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: made.append(FakeStream()) or made[-1])
+    a fresh pool), run on one high-priority side stream, so only the first capture makes one (the
+    H200's first ~30 captured keys of a process each held ~32 MiB more, runs 11 and 13a)."""
+    made, entered = [], []
+    monkeypatch.setattr(torch.cuda, "Stream",
+                        lambda device=None, priority=0: made.append((FakeStream(), priority)) or made[-1][0])
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: entered.append(s) or contextlib.nullcontext())
     pool = GraphPool(CPU)
     calls = [CapturedCall(cuda.kernel(lambda x: x + i), [(2,)], [torch.float32], CPU, pool) for i in range(3)]
     calls.append(CapturedCall(cuda.kernel(lambda x: x * 2), [(2,)], [torch.float32], CPU))   # a pool of its own
-    assert len(made) == 1 and graphs.warmup_stream(CPU) is made[0] and pool.captured == 3
+    assert len(made) == 1 and made[0][1] < 0                   # one stream, of higher priority than the default
+    assert len(entered) == 4 and all(s is made[0][0] for s in entered) and cuda.eager_calls == 8
+    assert graphs.warmup_stream(CPU) is made[0][0] and pool.captured == 3
     for c in calls:
         c.release()
 
