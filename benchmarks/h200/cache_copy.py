@@ -1,0 +1,137 @@
+"""How fast the CFM's attention cache can be copied into a strided half of the solve's output.
+
+Run 13c (benchmarks/h200/README.md) made the Euler step return only the chunk's T frames of each
+new attention cache and copied the step's input cache into the frames after them in the solve's
+output, instead of the step stacking all L + T frames and the replay copying them out. It was
+slower: `copy_` into the strided half ran at ~1.2 TB/s. This times that copy alone, at the steady
+B=32 key's full size (10 steps x 16 blocks x 2B=64 rows x 8 heads, L=400 cache frames written
+behind T=150 chunk frames, 128 fp16 values per frame: 8.4 GB read, 8.4 GB written), three ways:
+  - copy_: `out.narrow(-2, T, L).copy_(cache)` as run 13c did;
+  - int64: the same through int64 views of both sides (the last dim is contiguous, so each
+    element moves 4 fp16 values: a quarter of the index arithmetic);
+  - triton: a kernel that copies one contiguous run of L x 128 values per program;
+and the contiguous copy of the same bytes (`torch.Tensor.copy_` between contiguous tensors) as the
+bandwidth to compare with. Prints GB/s per way and writes $OUT/cache_copy.json.
+
+Usage (device): python3 benchmarks/h200/cache_copy.py --out $OUT [--steps 10 --depth 16 ...]
+CPU check (every way against copy_, small shapes; Triton under its interpreter):
+  TRITON_INTERPRET=1 python3 benchmarks/h200/cache_copy.py --check
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+def copy_plain(out: torch.Tensor, cache: torch.Tensor, T: int) -> None:
+    out.narrow(-2, T, cache.shape[-2]).copy_(cache)
+
+
+def copy_int64(out: torch.Tensor, cache: torch.Tensor, T: int) -> None:
+    out.view(torch.int64).narrow(-2, T, cache.shape[-2]).copy_(cache.view(torch.int64))
+
+
+def copy_triton(out: torch.Tensor, cache: torch.Tensor, T: int) -> None:
+    import triton
+    rows, run = cache.numel() // (cache.shape[-2] * cache.shape[-1]), cache.shape[-2] * cache.shape[-1]
+    out_row = out.shape[-2] * out.shape[-1]
+    BLOCK = 4096
+    _copy_runs[(rows, triton.cdiv(run, BLOCK))](cache, out, run, out_row, T * out.shape[-1], BLOCK=BLOCK)
+
+
+def _define_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(src, dst, run, dst_row, dst_offset, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < run
+        values = tl.load(src + row * run + i, mask=mask)
+        tl.store(dst + row * dst_row + dst_offset + i, values, mask=mask)
+    return kernel
+
+
+_copy_runs = None
+WAYS = {"copy_": copy_plain, "int64": copy_int64, "triton": copy_triton}
+
+
+def tensors(steps, depth, rows, heads, T, L, width, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    cache = torch.randn(steps, depth, rows, heads, L, width, generator=g, device=device).half()
+    out = torch.zeros(steps, depth, rows, heads, T + L, width, dtype=torch.float16, device=device)
+    return cache, out
+
+
+def check() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--check runs under Triton's interpreter: TRITON_INTERPRET=1 python3 ... --check")
+    global _copy_runs
+    _copy_runs = _define_kernel()
+    for shape in ((2, 3, 2, 2, 5, 7, 8), (1, 2, 4, 1, 3, 11, 128)):
+        cache, want = tensors(*shape, device="cpu")
+        copy_plain(want, cache, shape[4])
+        for name, way in WAYS.items():
+            _, got = tensors(*shape, device="cpu")
+            way(got, cache, shape[4])
+            assert torch.equal(got, want), (name, shape)
+    print("cache_copy --check: every way equals copy_ on 2 shapes")
+
+
+def timed(fn, reps: int) -> float:
+    """Median seconds of one call, each timed by CUDA events after a warm-up."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    for name, default in (("steps", 10), ("depth", 16), ("rows", 64), ("heads", 8), ("T", 150), ("L", 400),
+                          ("width", 128), ("reps", 10)):
+        ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--check", action="store_true", help="CPU check of every way (see the docstring)")
+    a = ap.parse_args()
+    if a.check:
+        return check()
+    global _copy_runs
+    _copy_runs = _define_kernel()
+    shape = (a.steps, a.depth, a.rows, a.heads, a.T, a.L, a.width)
+    cache, want = tensors(*shape, device="cuda")
+    copy_plain(want, cache, a.T)
+    moved = 2 * cache.numel() * cache.element_size()             # read once, written once
+    flat = torch.empty_like(cache)
+    rows = {"contiguous copy_": timed(lambda: flat.copy_(cache), a.reps)}
+    for name, way in WAYS.items():
+        _, out = tensors(*shape, device="cuda")
+        way(out, cache, a.T)
+        assert torch.equal(out, want), name
+        rows[name] = timed(lambda: way(out, cache, a.T), a.reps)
+        del out
+    result = {"shape": dict(zip(("steps", "depth", "rows", "heads", "T", "L", "width"), shape)),
+              "bytes_moved": moved, "device": torch.cuda.get_device_name(),
+              "commit": os.environ.get("C2W_COMMIT", "unknown"), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "ways": {k: {"ms": round(v * 1e3, 3), "GB_s": round(moved / v / 1e9, 1)} for k, v in rows.items()}}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "cache_copy.json").write_text(json.dumps(result, indent=1))
+    for k, v in result["ways"].items():
+        print(f"{k:18s} {v['ms']:8.3f} ms  {v['GB_s']:7.1f} GB/s  ({moved / 1e9:.1f} GB moved)")
+
+
+if __name__ == "__main__":
+    main()
