@@ -3,7 +3,7 @@
 Run 13c (benchmarks/h200/README.md) made the Euler step return only the chunk's T frames of each
 new attention cache and copied the step's input cache into the frames after them in the solve's
 output, instead of the step stacking all L + T frames and the replay copying them out. It was
-slower: `copy_` into the strided half ran at ~1.2 TB/s. This times that copy alone, at the steady
+slower: `copy_` into the strided halves ran at ~1.7 TB/s. This times that copy alone, at the steady
 B=32 key's full size (10 steps x 16 blocks x 2B=64 rows x 8 heads, L=400 cache frames written
 behind T=150 chunk frames, 128 fp16 values per frame: 8.4 GB read, 8.4 GB written), three ways:
   - copy_: `out.narrow(-2, T, L).copy_(cache)` as run 13c did;
