@@ -20,6 +20,7 @@ CPU check (every way against copy_, small shapes; Triton under its interpreter):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -41,10 +42,12 @@ def copy_triton(out: torch.Tensor, cache: torch.Tensor, T: int) -> None:
     rows, run = cache.numel() // (cache.shape[-2] * cache.shape[-1]), cache.shape[-2] * cache.shape[-1]
     out_row = out.shape[-2] * out.shape[-1]
     BLOCK = 4096
-    _copy_runs[(rows, triton.cdiv(run, BLOCK))](cache, out, run, out_row, T * out.shape[-1], BLOCK=BLOCK)
+    _copy_runs()[(rows, triton.cdiv(run, BLOCK))](cache, out, run, out_row, T * out.shape[-1], BLOCK=BLOCK)
 
 
-def _define_kernel():
+@functools.cache
+def _copy_runs():
+    """The Triton kernel, defined on first use (Triton is imported only by the ways that need it)."""
     import triton
     import triton.language as tl
 
@@ -58,27 +61,26 @@ def _define_kernel():
     return kernel
 
 
-_copy_runs = None
 WAYS = {"copy_": copy_plain, "int64": copy_int64, "triton": copy_triton}
 
 
-def tensors(steps, depth, rows, heads, T, L, width, device, seed=0):
+def cache_of(steps, depth, rows, heads, T, L, width, device, seed=0):
     g = torch.Generator(device=device).manual_seed(seed)
-    cache = torch.randn(steps, depth, rows, heads, L, width, generator=g, device=device).half()
-    out = torch.zeros(steps, depth, rows, heads, T + L, width, dtype=torch.float16, device=device)
-    return cache, out
+    return torch.randn(steps, depth, rows, heads, L, width, generator=g, device=device).half()
+
+
+def output_of(steps, depth, rows, heads, T, L, width, device):
+    return torch.zeros(steps, depth, rows, heads, T + L, width, dtype=torch.float16, device=device)
 
 
 def check() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--check runs under Triton's interpreter: TRITON_INTERPRET=1 python3 ... --check")
-    global _copy_runs
-    _copy_runs = _define_kernel()
     for shape in ((2, 3, 2, 2, 5, 7, 8), (1, 2, 4, 1, 3, 11, 128)):
-        cache, want = tensors(*shape, device="cpu")
+        cache, want = cache_of(*shape, device="cpu"), output_of(*shape, device="cpu")
         copy_plain(want, cache, shape[4])
         for name, way in WAYS.items():
-            _, got = tensors(*shape, device="cpu")
+            got = output_of(*shape, device="cpu")
             way(got, cache, shape[4])
             assert torch.equal(got, want), (name, shape)
     print("cache_copy --check: every way equals copy_ on 2 shapes")
@@ -109,16 +111,14 @@ def main() -> None:
     a = ap.parse_args()
     if a.check:
         return check()
-    global _copy_runs
-    _copy_runs = _define_kernel()
     shape = (a.steps, a.depth, a.rows, a.heads, a.T, a.L, a.width)
-    cache, want = tensors(*shape, device="cuda")
+    cache, want = cache_of(*shape, device="cuda"), output_of(*shape, device="cuda")
     copy_plain(want, cache, a.T)
     moved = 2 * cache.numel() * cache.element_size()             # read once, written once
     flat = torch.empty_like(cache)
     rows = {"contiguous copy_": timed(lambda: flat.copy_(cache), a.reps)}
     for name, way in WAYS.items():
-        _, out = tensors(*shape, device="cuda")
+        out = output_of(*shape, device="cuda")
         way(out, cache, a.T)
         assert torch.equal(out, want), name
         rows[name] = timed(lambda: way(out, cache, a.T), a.reps)

@@ -37,13 +37,13 @@ MIB = 1 << 20
 def replay(manifest, stream_workspace: int = 0, stream_captures: int = 30) -> list[tuple[object, int]]:
     """(entry, estimated bytes) in manifest order; only measured entries join the simulated load.
     stream_workspace: bytes added to each of the first `stream_captures` captured keys loaded."""
-    cfg = preset(manifest.model.config)
-    pool = GraphPoolSizes(cfg, dict(manifest.weight_bytes))
+    cfg, weights = preset(manifest.model.config), dict(manifest.weight_bytes)
+    pool = GraphPoolSizes(cfg, weights)
     out, captures = [], 0
     for e in manifest.entries:
         key = entry_key(e)
         est = pool.add(key) if e.device_bytes is not None else pool.cost(key)
-        if stream_workspace and e.device_bytes is not None and key_cost(cfg, key, dict(manifest.weight_bytes)).captured:
+        if stream_workspace and e.device_bytes is not None and key_cost(cfg, key, weights).captured:
             captures += 1
             est += stream_workspace if captures <= stream_captures else 0
         out.append((e, est))
@@ -51,11 +51,11 @@ def replay(manifest, stream_workspace: int = 0, stream_captures: int = 30) -> li
 
 
 def beyond_own(manifest) -> None:
-    cfg, n = preset(manifest.model.config), 0
+    cfg, weights, n = preset(manifest.model.config), dict(manifest.weight_bytes), 0
     print(f"{'capture':>7s}  {'key':44s} {'held outside the pool - own, MiB':>33s}")
     for e in manifest.entries:
         split = (e.extra or {}).get("memory_split")
-        cost = key_cost(cfg, entry_key(e), dict(manifest.weight_bytes))
+        cost = key_cost(cfg, entry_key(e), weights)
         if e.device_bytes is None or not split or not cost.captured:
             continue
         n += 1
