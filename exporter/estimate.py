@@ -38,28 +38,40 @@ MiB = 1 << 20
 SMALL_REQUEST_BYTES, SMALL_SEGMENT_BYTES = 1 * MiB, 2 * MiB
 SEGMENT_BYTES, MIN_OWN_SEGMENT_BYTES, PAGE_BYTES = 20 * MiB, 10 * MiB, 2 * MiB
 
-# Fitted to H200 run 10 (benchmarks/h200/results/run10_sweep/manifest.json: 92 keys of profiles/h200.yaml,
-# torch 2.11, loaded in plan order in one process; benchmarks/h200/estimate_fit.py prints the fit).
-# The four B=32 CFM keys too large to capture measured 2 MiB each: a package's own device memory.
+# A package's own device memory: the four B=32 CFM keys too large to capture measured 2 MiB each (run 10).
 PACKAGE_BYTES = 2 * MiB
-# The process's first captured graph brings memory the later ones share (run 10's first captured key,
-# cfm B=1 T=150 L=400, measured 264 MiB, of which its inputs, outputs and caches ~100).
-FIRST_CAPTURE_BYTES = 160 * MiB
-# The intermediates of one graph, as (bytes, bytes per tensor); their structure from Inductor's wrapper
-# of each unit (traced on the CPU; the CUDA wrapper was not traced), their sizes from run 10's keys:
-# - a CFM Euler step keeps its 16 per-layer attention caches until it stacks them into its outputs,
-#   plus activations per row and frame; a prompt step (L = 0) measured as much again as its
-#   outputs, taken as its 32 padded conv inputs (the CPU wrapper frees those early);
-# - the encoder keeps its per-layer caches (in halves too) and their two stacks, plus activations;
-# - HiFT's intermediates are its upsampled signals, per output sample, in HIFT_BLOCKS blocks;
-#   its package's own constants are the weights plus phase and window tables per mel frame.
-CFM_ACTIVATION_BYTES = 27_000
-ENCODER_CACHE_FACTOR = 1.4          # x its output att cache, in tensors of half a layer's cache
-ENCODER_STACK_FACTOR = 0.7          # x its output att cache, in tensors of 0.3 of it
-ENCODER_ACTIVATION_BYTES = 43_500
-HIFT_WORKSPACE_BYTES = 667
-HIFT_BLOCKS = 5
-HIFT_TABLE_BYTES = 183_500
+
+
+@dataclass(frozen=True)
+class PoolModel:
+    """The simulation's fitted constants (benchmarks/h200/estimate_fit.py --fit fits them to a
+    measured sweep and prints this dataclass). The intermediates' structure comes from Inductor's
+    wrapper of each unit (traced on the CPU; the CUDA wrapper was not traced), their sizes from the fit:
+    - the process's first captured graph brings memory the later ones share;
+    - a CFM Euler step keeps its 16 per-layer attention caches until it stacks them into its
+      outputs, plus activations per row and frame; a prompt step (L = 0) keeps its 32 padded conv
+      inputs instead (the CPU wrapper frees those early);
+    - the encoder keeps its per-layer caches (in halves of a layer's) and their two stacks (in
+      tensors of 0.3 of the stack), as factors of its output attention cache, plus activations;
+    - HiFT's intermediates are its upsampled signals, per output sample, in `hift_blocks` blocks,
+      per the unit's dtype (float16: the convolutions' signals are half as wide); its package's
+      own constants are the weights plus phase and window tables per mel frame."""
+    first_capture: int = 160 * MiB
+    cfm_activation: int = 27_000               # bytes per batch row and frame
+    encoder_cache_factor: float = 1.4
+    encoder_stack_factor: float = 0.7
+    encoder_activation: int = 43_500           # bytes per batch row and output frame
+    hift_workspace: tuple[tuple[str, int], ...] = (("float32", 667), ("float16", 667))   # bytes per sample
+    hift_blocks: int = 5
+    hift_table: int = 183_500                  # bytes per mel frame
+
+    def hift_workspace_bytes(self, dtype: str) -> int:
+        return dict(self.hift_workspace)[dtype]
+
+
+# Fitted to H200 run 10 (benchmarks/h200/results/run10_sweep/manifest.json: the 92 keys of h200.yaml in
+# plan order in one process, torch 2.11); its first capture measured 264 MiB, ~100 of them its own.
+FITTED = PoolModel()
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,7 @@ def pages(nbytes: int | float) -> int:
     return int(math.ceil(nbytes / PAGE_BYTES)) * PAGE_BYTES
 
 
-def _encoder(cfg: ModelConfig, key: ShapeKey) -> tuple[int, tuple]:
+def _encoder(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]:
     """Outputs: mu (B, 80, T) f32, cnn cache (B, D, 2 + 2 stride), att cache (layers, B, heads, C + T,
     2 d_k), T = stride * (N - lookahead) (N on the last chunk); the first layers' caches hold half as
     many frames (25 Hz)."""
@@ -99,12 +111,12 @@ def _encoder(cfg: ModelConfig, key: ShapeKey) -> tuple[int, tuple]:
     layers = e.blocks + e.up_blocks
     att = tensor_bytes((layers, B, e.heads, C + T, 2 * e.d_k), dt)
     out = att + tensor_bytes((B, cfg.mel_bins, T), torch.float32) + tensor_bytes((B, e.width, 2 + 2 * e.up_stride), dt)
-    act = ENCODER_ACTIVATION_BYTES * B * T
-    return out, ((ENCODER_CACHE_FACTOR * att, att / layers / 2), (ENCODER_STACK_FACTOR * att, 0.3 * att),
+    act = m.encoder_activation * B * T
+    return out, ((m.encoder_cache_factor * att, att / layers / 2), (m.encoder_stack_factor * att, 0.3 * att),
                  (act, act / layers))
 
 
-def _cfm_step(cfg: ModelConfig, key: ShapeKey) -> tuple[int, tuple]:
+def _cfm_step(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]:
     """Outputs of one Euler step: x (B, 80, T) f32, cnn cache (depth, 2B, 2 hidden, 2), att cache
     (depth, 2B, heads, L + T, 2 head_dim)."""
     d, (B, T, L), dt = cfg.dit, key.dims, dtype_of(key.dtype)
@@ -112,22 +124,22 @@ def _cfm_step(cfg: ModelConfig, key: ShapeKey) -> tuple[int, tuple]:
     out = att + tensor_bytes((B, cfg.mel_bins, T), torch.float32) + tensor_bytes((d.depth, 2 * B, 2 * d.hidden, 2), dt)
     pad = tensor_bytes((2 * B, T + 2, d.hidden), dt)
     kept = (att, att / d.depth) if L else (2 * d.depth * pad, pad)
-    act = CFM_ACTIVATION_BYTES * B * T
+    act = m.cfm_activation * B * T
     return out, (kept, (act, act / d.depth))
 
 
-def _hift(cfg: ModelConfig, key: ShapeKey) -> tuple[int, tuple]:
+def _hift(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]:
     """Outputs: speech (B, n) and source (B, 1, n) f32, n = F * samples_per_frame."""
     B, F, _ = key.dims
     samples = B * F * cfg.hift.samples_per_frame
-    work = HIFT_WORKSPACE_BYTES * samples
-    return 2 * tensor_bytes((samples,), torch.float32), ((work, work / HIFT_BLOCKS),)
+    work = m.hift_workspace_bytes(key.dtype) * samples
+    return 2 * tensor_bytes((samples,), torch.float32), ((work, work / m.hift_blocks),)
 
 
 CAPTURES = {"flow_encoder": _encoder, "cfm": _cfm_step, "hift": _hift}
 
 
-def key_cost(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int]) -> KeyCost:
+def key_cost(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int], m: PoolModel = FITTED) -> KeyCost:
     """A key's costs as AOTInductor on CUDA loads it (runtime.engines.aoti): captured in a CUDA graph
     when one graph's inputs (a CFM key's: one Euler step's) are within GRAPH_MAX_BYTES, else its
     package alone (its inputs and outputs are one call's). weights: per-component weight bytes
@@ -141,8 +153,8 @@ def key_cost(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int]) -> KeyCos
         return KeyCost(PACKAGE_BYTES)
     own = PACKAGE_BYTES + static
     if key.component == "hift":
-        own += weights.get("hift", 0) + HIFT_TABLE_BYTES * key.dim("F")
-    out, parts = CAPTURES[key.component](cfg, key)
+        own += weights.get("hift", 0) + m.hift_table * key.dim("F")
+    out, parts = CAPTURES[key.component](cfg, key, m)
     return KeyCost(own, out, tuple((int(n), int(size)) for n, size in parts if n))
 
 
@@ -150,10 +162,10 @@ class GraphPoolSizes:
     """AOTInductor keys on CUDA loaded one after another into one process: `cost(key)` is what the
     key would add after the keys `add`ed before it (module docstring).
 
-    captured: a graph was captured before the first key (FIRST_CAPTURE_BYTES is paid already)."""
+    captured: a graph was captured before the first key (the first capture's bytes are paid already)."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, int], captured: bool = False):
-        self.cfg, self.weights, self.captured = cfg, weights, captured
+    def __init__(self, cfg: ModelConfig, weights: dict[str, int], captured: bool = False, model: PoolModel = FITTED):
+        self.cfg, self.weights, self.captured, self.model = cfg, weights, captured, model
         self.extents: list[list[int]] = []       # the graph pool's free memory: [block size, free bytes]
 
     def _place(self, c: KeyCost) -> tuple[int, int | None, list[list[int]]]:
@@ -174,15 +186,15 @@ class GraphPoolSizes:
             if n > 0:
                 new.append([segment(size), pages(n)])
         grow = (pages(c.outputs) if slot is None else 0) + sum(n for _, n in new)
-        return grow + (0 if self.captured else FIRST_CAPTURE_BYTES), slot, new
+        return grow + (0 if self.captured else self.model.first_capture), slot, new
 
     def cost(self, key: ShapeKey) -> int:
-        c = key_cost(self.cfg, key, self.weights)
+        c = key_cost(self.cfg, key, self.weights, self.model)
         return c.own + self._place(c)[0]
 
     def add(self, key: ShapeKey) -> int:
         """Load `key` after the keys added so far; -> the bytes it adds (= cost(key) before)."""
-        c = key_cost(self.cfg, key, self.weights)
+        c = key_cost(self.cfg, key, self.weights, self.model)
         grow, slot, new = self._place(c)
         if slot is not None:
             self.extents[slot][1] -= c.outputs

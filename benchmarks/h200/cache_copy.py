@@ -13,7 +13,11 @@ behind T=150 chunk frames, 128 fp16 values per frame: 8.4 GB read, 8.4 GB writte
 and the contiguous copy of the same bytes (`torch.Tensor.copy_` between contiguous tensors) as the
 bandwidth to compare with. Prints GB/s per way and writes $OUT/cache_copy.json.
 
-Usage (device): python3 benchmarks/h200/cache_copy.py --out $OUT [--steps 10 --depth 16 ...]
+With --trim it times instead the streaming driver's trim of the solve's output cache (L + T frames
+down to the first P and the last 100, `runtime.stream.trim_cache`) against the same trim as the
+`torch.cat` of two slices it was before run 14 (the steady key: 14.4 GB in, 10.7 GB out).
+
+Usage (device): python3 benchmarks/h200/cache_copy.py --out $OUT [--trim] [--steps 10 --depth 16 ...]
 CPU check (every way against copy_, small shapes; Triton under its interpreter):
   TRITON_INTERPRET=1 python3 benchmarks/h200/cache_copy.py --check
 """
@@ -108,9 +112,13 @@ def main() -> None:
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--check", action="store_true", help="CPU check of every way (see the docstring)")
+    ap.add_argument("--trim", action="store_true", help="time the driver's trim instead (see the docstring)")
+    ap.add_argument("--prompt-frames", type=int, default=300)
     a = ap.parse_args()
     if a.check:
         return check()
+    if a.trim:
+        return trim(a)
     shape = (a.steps, a.depth, a.rows, a.heads, a.T, a.L, a.width)
     cache, want = cache_of(*shape, device="cuda"), output_of(*shape, device="cuda")
     copy_plain(want, cache, a.T)
@@ -131,6 +139,26 @@ def main() -> None:
     (Path(a.out) / "cache_copy.json").write_text(json.dumps(result, indent=1))
     for k, v in result["ways"].items():
         print(f"{k:18s} {v['ms']:8.3f} ms  {v['GB_s']:7.1f} GB/s  ({moved / 1e9:.1f} GB moved)")
+
+
+def trim(a) -> None:
+    from c2w.runtime.stream import KEEP_RECENT, trim_cache
+    P, n = a.prompt_frames, a.L + a.T
+    cache = cache_of(a.steps, a.depth, a.rows, a.heads, 0, n, a.width, device="cuda")
+    ways = {"cat (before run 14)": lambda: torch.cat([cache.narrow(4, 0, P), cache.narrow(4, n - KEEP_RECENT, KEEP_RECENT)], 4),
+            "trim_cache": lambda: trim_cache(cache, 4, P)}
+    assert torch.equal(ways["cat (before run 14)"](), ways["trim_cache"]())
+    kept = cache.numel() // n * (P + KEEP_RECENT) * cache.element_size()
+    rows = {k: timed(way, a.reps) for k, way in ways.items()}
+    result = {"shape": {"steps": a.steps, "depth": a.depth, "rows": a.rows, "heads": a.heads, "frames": n,
+                        "kept": P + KEEP_RECENT, "width": a.width}, "bytes_moved": 2 * kept,
+              "device": torch.cuda.get_device_name(), "commit": os.environ.get("C2W_COMMIT", "unknown"),
+              "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "ways": {k: {"ms": round(v * 1e3, 3), "GB_s": round(2 * kept / v / 1e9, 1)} for k, v in rows.items()}}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "trim_copy.json").write_text(json.dumps(result, indent=1))
+    for k, v in result["ways"].items():
+        print(f"trim: {k:20s} {v['ms']:8.3f} ms  {v['GB_s']:7.1f} GB/s  ({2 * kept / 1e9:.1f} GB moved)")
 
 
 if __name__ == "__main__":

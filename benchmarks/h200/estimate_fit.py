@@ -14,19 +14,26 @@ order, what it held outside the graph pool (`extra.memory_split`: allocated + ou
 allocator) less the estimate's own part of it (package, static buffers, HiFT's constants): the
 ~32 MiB cuBLAS workspace a new warm-up stream cost the first 32 captures shows there (docs/aoti.md).
 
+With --fit it searches the estimate's constants (exporter.estimate.PoolModel) for the most keys
+within the bar over every manifest given (ties: the smaller summed log error), one constant at a
+time over a grid of factors, until no change helps; it prints the table for the fitted constants
+and the dataclass to paste into exporter/estimate.py as FITTED.
+
 With --stream-workspace-mib W the replay adds W MiB to each of the first --stream-captures
 captured keys (default 30): what a measurement taken before the captures shared one warm-up
 stream (`d970cfe`) held besides what the estimate models (runs 10, 11, 13a: W = 32).
 
-Usage: python benchmarks/h200/estimate_fit.py benchmarks/h200/results/run10_sweep/manifest.json
-       [--tolerance 0.15] [--floor-mib 8] [--beyond-own] [--stream-workspace-mib 32 [--stream-captures 30]]
+Usage: python benchmarks/h200/estimate_fit.py benchmarks/h200/results/run10_sweep/manifest.json [MANIFEST ...]
+       [--tolerance 0.15] [--floor-mib 8] [--beyond-own] [--fit] [--stream-workspace-mib 32 [--stream-captures 30]]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 from pathlib import Path
 
-from c2w.exporter.estimate import GraphPoolSizes, key_cost
+from c2w.exporter.estimate import FITTED, GraphPoolSizes, PoolModel, key_cost
 from c2w.runtime.manifest import read_manifest
 from c2w.runtime.model.config import preset
 from c2w.runtime.verify import entry_key
@@ -34,16 +41,17 @@ from c2w.runtime.verify import entry_key
 MIB = 1 << 20
 
 
-def replay(manifest, stream_workspace: int = 0, stream_captures: int = 30) -> list[tuple[object, int]]:
+def replay(manifest, stream_workspace: int = 0, stream_captures: int = 30,
+           model: PoolModel = FITTED) -> list[tuple[object, int]]:
     """(entry, estimated bytes) in manifest order; only measured entries join the simulated load.
     stream_workspace: bytes added to each of the first `stream_captures` captured keys loaded."""
     cfg, weights = preset(manifest.model.config), dict(manifest.weight_bytes)
-    pool = GraphPoolSizes(cfg, weights)
+    pool = GraphPoolSizes(cfg, weights, model=model)
     out, captures = [], 0
     for e in manifest.entries:
         key = entry_key(e)
         est = pool.add(key) if e.device_bytes is not None else pool.cost(key)
-        if stream_workspace and e.device_bytes is not None and key_cost(cfg, key, weights).captured:
+        if stream_workspace and e.device_bytes is not None and key_cost(cfg, key, weights, model).captured:
             captures += 1
             est += stream_workspace if captures <= stream_captures else 0
         out.append((e, est))
@@ -67,24 +75,79 @@ def within(est: int, measured: int, tolerance: float, floor: int) -> bool:
     return abs(est - measured) <= max(tolerance * measured, floor)
 
 
+def score(manifests, model: PoolModel, tolerance: float, floor: int) -> tuple[int, float]:
+    """(keys within the bar, minus the summed |log| of estimate over measurement, floor added to both)."""
+    good, err = 0, 0.0
+    for m in manifests:
+        for e, est in replay(m, model=model):
+            if e.device_bytes is not None:
+                good += within(est, e.device_bytes, tolerance, floor)
+                err += abs(math.log((est + floor) / (e.device_bytes + floor)))
+    return good, -err
+
+
+FACTORS = (0.5, 0.7, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.4, 2.0)
+
+
+def scaled(model: PoolModel, name: str, factor: float, dtypes: set[str]) -> PoolModel:
+    """`model` with one constant scaled by `factor` (hift_blocks: one more or one fewer; hift_workspace:
+    the entries of `dtypes`, the HiFT dtypes the manifests measured)."""
+    v = getattr(model, name)
+    if name == "hift_blocks":
+        v = max(1, v + (1 if factor > 1 else -1))
+    elif name == "hift_workspace":
+        v = tuple((d, round(n * factor) if d in dtypes else n) for d, n in v)
+    else:
+        v = v * factor if isinstance(v, float) else round(v * factor)
+    return dataclasses.replace(model, **{name: v})
+
+
+def fit(manifests, start: PoolModel, tolerance: float, floor: int, rounds: int = 8) -> PoolModel:
+    """Coordinate search over PoolModel's constants, one at a time over FACTORS (module docstring)."""
+    dtypes = {e.dtype for m in manifests for e in m.entries if e.component == "hift"}
+    best, best_score = start, score(manifests, start, tolerance, floor)
+    for _ in range(rounds):
+        before = best_score
+        for f in dataclasses.fields(PoolModel):
+            for factor in FACTORS:
+                cand = scaled(best, f.name, factor, dtypes)
+                s = score(manifests, cand, tolerance, floor)
+                if s > best_score:
+                    best, best_score = cand, s
+        if best_score == before:
+            break
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("manifest", type=Path, help="a manifest.json or the directory holding it")
+    ap.add_argument("manifest", type=Path, nargs="+", help="manifest.json files or the directories holding them")
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--floor-mib", type=float, default=8.0)
     ap.add_argument("--beyond-own", action="store_true", help="per captured key: held outside the pool - own")
+    ap.add_argument("--fit", action="store_true", help="fit the estimate's constants to the manifests")
     ap.add_argument("--stream-workspace-mib", type=float, default=0.0)
     ap.add_argument("--stream-captures", type=int, default=30)
     a = ap.parse_args(argv)
-    m = read_manifest(a.manifest.parent if a.manifest.is_file() else a.manifest)
-    if a.beyond_own:
-        beyond_own(m)
-        return 0
-    floor = int(a.floor_mib * MIB)
+    manifests = [read_manifest(p.parent if p.is_file() else p) for p in a.manifest]
+    floor, model = int(a.floor_mib * MIB), FITTED
+    if a.fit:
+        model = fit(manifests, FITTED, a.tolerance, floor)
+        print(f"fitted: {model}\n")
+    for path, m in zip(a.manifest, manifests):
+        if a.beyond_own:
+            beyond_own(m)
+        else:
+            print(f"{path}:")
+            table(m, a, floor, model)
+    return 0
+
+
+def table(m, a, floor: int, model: PoolModel) -> None:
     print(f"{'key':44s} {'measured':>9s} {'estimate':>9s} {'ratio':>6s}  within")
     ok = n = 0
     sums: dict[str, list[int]] = {}
-    for e, est in replay(m, int(a.stream_workspace_mib * MIB), a.stream_captures):
+    for e, est in replay(m, int(a.stream_workspace_mib * MIB), a.stream_captures, model):
         if e.device_bytes is None:
             print(f"{e.id:44s} {'-':>9s} {est / MIB:9.1f} {'':>6s}  ({e.status.value}, not loaded)")
             continue
@@ -100,8 +163,7 @@ def main(argv=None) -> int:
               f"measured {meas / MIB:9.1f} MiB ({est / meas - 1:+.1%})")
     est, meas = sum(v[0] for v in sums.values()), sum(v[1] for v in sums.values())
     print(f"  {'all':13s} {ok:3d} of {n:3d} within; estimate {est / MIB:9.1f} MiB, measured {meas / MIB:9.1f} MiB "
-          f"({est / meas - 1:+.1%})")
-    return 0
+          f"({est / meas - 1:+.1%})\n")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ import pytest
 
 from benchmarks.h200 import estimate_fit
 from c2w.exporter import estimate
-from c2w.exporter.estimate import (FIRST_CAPTURE_BYTES, PACKAGE_BYTES, FixedSizes, GraphPoolSizes, estimate_bytes,
-                                   key_cost, key_sizes, pages)
+from c2w.exporter.estimate import (FITTED, PACKAGE_BYTES, FixedSizes, GraphPoolSizes, estimate_bytes, key_cost,
+                                   key_sizes, pages)
 from c2w.runtime.manifest import read_manifest
 from c2w.runtime.model.config import preset
 from c2w.runtime.units import ShapeKey
@@ -31,12 +31,12 @@ def test_a_cfm_key_on_its_own_holds_its_step_inputs_outputs_and_per_layer_caches
     assert static == 19_840_652                                   # what run 10's key captured
     att = 16 * 2 * 8 * 350 * 128 * 2
     outputs = att + 80 * 50 * 4 + 16 * 2 * 1024 * 2 * 2
-    act = estimate.CFM_ACTIVATION_BYTES * 1 * 50
+    act = FITTED.cfm_activation * 1 * 50
     alone = PACKAGE_BYTES + static + pages(outputs) + pages(att) + pages(act)
     assert (pages(outputs), pages(att), pages(act)) == (24 * MIB, 22 * MIB, 2 * MIB)
     assert estimate_bytes(FULL, cfm(1, 50, 300), "aoti", "cuda:0") == alone
-    # the process's first graph brings FIRST_CAPTURE_BYTES the later ones share
-    assert GraphPoolSizes(FULL, {}).add(cfm(1, 50, 300)) == alone + FIRST_CAPTURE_BYTES
+    # the process's first graph brings FITTED.first_capture bytes the later ones share
+    assert GraphPoolSizes(FULL, {}).add(cfm(1, 50, 300)) == alone + FITTED.first_capture
 
 
 def test_a_hift_key_carries_its_package_constants_and_needs_workspace_per_sample():
@@ -45,10 +45,10 @@ def test_a_hift_key_carries_its_package_constants_and_needs_workspace_per_sample
     key = ShapeKey.named("hift", "float32", B=1, F=50, S=0)
     c = key_cost(FULL, key, {"hift": HIFT_WEIGHTS})
     static = 80 * 50 * 4 + 24_000 * 9 * 4
-    assert c.own == PACKAGE_BYTES + static + HIFT_WEIGHTS + estimate.HIFT_TABLE_BYTES * 50
+    assert c.own == PACKAGE_BYTES + static + HIFT_WEIGHTS + FITTED.hift_table * 50
     assert c.outputs == 2 * 24_000 * 4
-    work = estimate.HIFT_WORKSPACE_BYTES * 24_000
-    assert c.parts == ((work, work // estimate.HIFT_BLOCKS),)      # (bytes, bytes per tensor)
+    work = FITTED.hift_workspace_bytes("float32") * 24_000
+    assert c.parts == ((work, work // FITTED.hift_blocks),)      # (bytes, bytes per tensor)
     assert estimate_bytes(FULL, key, "aoti", "cuda", {"hift": HIFT_WEIGHTS}) == c.own + pages(c.outputs) + pages(work)
 
 
