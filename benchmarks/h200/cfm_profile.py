@@ -35,7 +35,7 @@ from c2w.runtime.engines.aoti import AOTIBackend  # noqa: E402
 from c2w.runtime.engines.base import ArtifactInfo  # noqa: E402
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool  # noqa: E402
 from c2w.runtime.model.config import preset  # noqa: E402
-from c2w.runtime.model.dit import MLP, Attention, parts  # noqa: E402
+from c2w.runtime.model.dit import Attention, parts  # noqa: E402
 from c2w.runtime.model.flow import FlowModel  # noqa: E402
 from c2w.runtime.model.weights import init_random_  # noqa: E402
 from c2w.runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
@@ -57,12 +57,6 @@ def legacy_attention_forward(self, x, att_cache):
     return self.proj(out), torch.cat([k, v], dim=-1)
 
 
-def gelu_epilogue_mlp_forward(self, x):
-    """`runtime.model.dit.MLP.forward` with fc1's bias and tanh GELU applied in the product's epilogue."""
-    h = torch._addmm_activation(self.fc1.bias, x.flatten(0, -2), self.fc1.weight.t(), use_gelu=True)
-    return self.fc2(h.unflatten(0, x.shape[:-1]))
-
-
 class _Model:
     def __init__(self, flow, cfg):
         self.flow, self.cfg = flow, cfg
@@ -78,8 +72,6 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="variant name for the output file")
     ap.add_argument("--attn", choices=("current", "legacy"), default="current",
                     help="legacy: the DiT attention before the att cache was written once")
-    ap.add_argument("--mlp", choices=("ops", "epilogue"), default="ops",
-                    help="epilogue: the first MLP product's bias and GELU in cuBLASLt's epilogue (docstring)")
     ap.add_argument("--triton-rows", type=int, default=0,
                     help="build with the fused Triton DiT kernels of fused_dit.py up to this many rows; "
                          "eager is timed without them (needs --tiles)")
@@ -96,8 +88,6 @@ def main() -> None:
     dev = torch.device("cuda")
     if a.attn == "legacy":
         Attention.forward = legacy_attention_forward
-    if a.mlp == "epilogue":
-        MLP.forward = gelu_epilogue_mlp_forward
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     full = preset("full")
     cfg = dataclasses.replace(full, dit=dataclasses.replace(full.dit, depth=a.depth))
@@ -113,8 +103,7 @@ def main() -> None:
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
     # the variant switches are part of the name: a `--phase time` call must find ITS build
-    switches = (["legacy-attn"] if a.attn == "legacy" else []) + (["gelu-epilogue"] if a.mlp == "epilogue" else []) \
-        + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
+    switches = (["legacy-attn"] if a.attn == "legacy" else []) + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
     name = "_".join([f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}", *switches, *([a.tag] if a.tag else [])])
     path = Path(f"/tmp/{name}.pt2")
     built = path.with_suffix(".build.json")
@@ -141,7 +130,7 @@ def main() -> None:
     info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
-    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn, "mlp": a.mlp,
+    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn,
            "triton_rows": a.triton_rows, "fused_tiles": tiles if a.triton_rows else {},
            "inductor": extra.get("inductor", {}),
            "commit": os.environ.get("C2W_COMMIT", "unknown"), "build_s": round(build_s, 1)}

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
 
 from c2w.runtime.model.config import FULL, TINY
-from c2w.runtime.model.dit import SHIFTED_GEMM_ROWS, Attention, CausalConvBlock, DiT, CFMSolver, euler_schedule
+from c2w.runtime.model.dit import MLP, SHIFTED_GEMM_ROWS, Attention, CausalConvBlock, DiT, CFMSolver, euler_schedule
 from c2w.runtime.model.weights import init_random_
 from c2w.runtime.units import rel_l2
 from tests.oracle import oracle_cfm, oracle_dit
@@ -267,3 +267,24 @@ def test_conv_form_is_chosen_only_for_static_shapes():
     with torch.inference_mode():
         want, _ = _conv1d_reference(blk, x[:3], cache[:3])
         assert rel_l2(dynamic.module()(x[:3], cache[:3])[0], want) <= 1e-6
+
+
+@pytest.mark.parametrize("device, dtype, tol", [
+    ("cpu", torch.float32, 0.0),
+    pytest.param("cuda", torch.float32, 1e-5, marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+    pytest.param("cuda", torch.float16, 2e-3, marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+])
+def test_mlp_is_fc2_of_tanh_gelu_of_fc1_on_every_device(device, dtype, tol):
+    """On CUDA the MLP takes fc1's bias and GELU from cuBLASLt's epilogue; on the CPU, where that op
+    would compute the erf form (rel-L2 ~1e-3 from tanh on these inputs), the ops. Either way it is the
+    layer's function: the CPU exactly, CUDA within matmul rounding (TF32 off)."""
+    torch.manual_seed(0)
+    mlp = MLP(64, 256).to(device, dtype)
+    x = torch.randn(2, 9, 64, device=device, dtype=dtype) * 2
+    want = mlp.fc2(F.gelu(mlp.fc1(x), approximate="tanh"))
+    erf = mlp.fc2(F.gelu(mlp.fc1(x)))
+    got = mlp(x)
+    assert got.shape == want.shape and rel_l2(got.float(), want.float()) <= tol
+    assert rel_l2(erf.float(), want.float()) > 10 * max(tol, 1e-6)      # the two forms are told apart
