@@ -262,13 +262,14 @@ def load_memory(cache_factory, model, device, counters=None) -> dict:
 
 def chunk_sizes(manifest, B: int) -> list[int]:
     """Chunk sizes (tokens) to stream at batch B: the schedule's, plus the N of every built
-    non-final flow-encoder key of this batch size (extra keys such as h200.yaml's B=32 78-token
-    ones; final-chunk keys are not steady chunks)."""
+    non-final flow-encoder key of this batch size that continues a stream (extra keys such as
+    h200.yaml's B=32 78-token ones; final-chunk keys are not steady chunks, and a key without a
+    conformer cache, C = 0, is the prompt's set-up: run 14 streamed its 153 tokens as a chunk)."""
     sizes = list(manifest.schedule.get("chunk_tokens", [28]))
     for e in manifest.entries:
         key = entry_key(e)
         if (e.status == "built" and key.component == "flow_encoder" and key.dim("B") == B
-                and not key.dim("last") and key.dim("N") not in sizes):
+                and not key.dim("last") and key.dim("C") > 0 and key.dim("N") not in sizes):
             sizes.append(key.dim("N"))
     return sizes
 

@@ -139,6 +139,9 @@ def test_chunk_sizes_add_built_encoder_keys(ort_artifacts):
     m.entries.append(dataclasses.replace(extra, id=extra.id.replace("N78", "N11").replace("last0", "last1"),
                                          dims={**extra.dims, "N": 11, "last": 1}))
     assert chunk_sizes(m, 1) == [28, 78]                    # a final-chunk key is not a steady chunk
+    m.entries.append(dataclasses.replace(extra, id=f"flow_encoder-B1-N153-C0-last0-{extra.dtype}",
+                                         dims={**extra.dims, "N": 153, "C": 0}))
+    assert chunk_sizes(m, 1) == [28, 78]                    # nor is a prompt's set-up (no cache)
 
 
 def test_bench_reads_the_manifest_once_and_sets_its_precision_through_the_policy(bench_run, ort_artifacts):
