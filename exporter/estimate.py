@@ -54,23 +54,26 @@ class PoolModel:
     - the encoder keeps its per-layer caches (in halves of a layer's) and their two stacks (in
       tensors of 0.3 of the stack), as factors of its output attention cache, plus activations;
     - HiFT's intermediates are its upsampled signals, per output sample, in `hift_blocks` blocks,
-      per the unit's dtype (float16: the convolutions' signals are half as wide); its package's
+      per the unit's dtype (float16 convolutions keep narrower signals); its package's
       own constants are the weights plus phase and window tables per mel frame."""
     first_capture: int = 160 * MiB
-    cfm_activation: int = 27_000               # bytes per batch row and frame
-    encoder_cache_factor: float = 1.4
-    encoder_stack_factor: float = 0.7
-    encoder_activation: int = 43_500           # bytes per batch row and output frame
-    hift_workspace: tuple[tuple[str, int], ...] = (("float32", 667), ("float16", 667))   # bytes per sample
-    hift_blocks: int = 5
-    hift_table: int = 183_500                  # bytes per mel frame
+    cfm_activation: int = 1_540                # bytes per batch row and frame
+    encoder_cache_factor: float = 0.175
+    encoder_stack_factor: float = 1.0
+    encoder_activation: int = 35_000           # bytes per batch row and output frame
+    hift_workspace: tuple[tuple[str, int], ...] = (("float32", 667), ("float16", 550))   # bytes per sample
+    hift_blocks: int = 9
+    hift_table: int = 108_000                  # bytes per mel frame
 
     def hift_workspace_bytes(self, dtype: str) -> int:
         return dict(self.hift_workspace)[dtype]
 
 
-# Fitted to H200 run 10 (benchmarks/h200/results/run10_sweep/manifest.json: the 92 keys of h200.yaml in
-# plan order in one process, torch 2.11); its first capture measured 264 MiB, ~100 of them its own.
+# Fitted to two H200 sweeps of h200.yaml's 96 keys, each loaded in its plan order in one process (torch
+# 2.11): run 14 (benchmarks/h200/results/run14_sweep: float16 HiFT, captures sharing one warm-up stream,
+# the traffic ranking's order) and run 11 (run11_sweep: float32 HiFT, priority order, replayed with the
+# 32 MiB stream workspace of its first 30 captures); rounded. `estimate_fit.py run14_sweep
+# run11_sweep@32 --fit` prints it.
 FITTED = PoolModel()
 
 

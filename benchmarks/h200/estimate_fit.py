@@ -15,22 +15,24 @@ allocator) less the estimate's own part of it (package, static buffers, HiFT's c
 ~32 MiB cuBLAS workspace a new warm-up stream cost the first 32 captures shows there (docs/aoti.md).
 
 With --fit it searches the estimate's constants (exporter.estimate.PoolModel) for the most keys
-within the bar over every manifest given (ties: the smaller summed log error), one constant at a
-time over a grid of factors, until no change helps; it prints the table for the fitted constants
-and the dataclass to paste into exporter/estimate.py as FITTED.
+within the bar over every manifest given (ties: the smaller summed log error): one constant at a
+time over a grid of factors until no change helps, then again from seeded random perturbations of
+the best; it prints the table for the fitted constants and the dataclass to paste into
+exporter/estimate.py as FITTED (a minute or two on one core).
 
-With --stream-workspace-mib W the replay adds W MiB to each of the first --stream-captures
-captured keys (default 30): what a measurement taken before the captures shared one warm-up
-stream (`d970cfe`) held besides what the estimate models (runs 10, 11, 13a: W = 32).
+A manifest given as PATH@W (or every manifest, with --stream-workspace-mib W) is replayed with W MiB
+added to each of its first 30 captured keys: what a measurement taken before the captures shared
+one warm-up stream (`d970cfe`) held besides what the estimate models (runs 10, 11, 13a: W = 32).
 
-Usage: python benchmarks/h200/estimate_fit.py benchmarks/h200/results/run10_sweep/manifest.json [MANIFEST ...]
-       [--tolerance 0.15] [--floor-mib 8] [--beyond-own] [--fit] [--stream-workspace-mib 32 [--stream-captures 30]]
+Usage: python benchmarks/h200/estimate_fit.py benchmarks/h200/results/run14_sweep [MANIFEST[@W] ...]
+       [--tolerance 0.15] [--floor-mib 8] [--beyond-own] [--fit] [--stream-workspace-mib W]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
+import random
 from pathlib import Path
 
 from c2w.exporter.estimate import FITTED, GraphPoolSizes, PoolModel, key_cost
@@ -75,11 +77,12 @@ def within(est: int, measured: int, tolerance: float, floor: int) -> bool:
     return abs(est - measured) <= max(tolerance * measured, floor)
 
 
-def score(manifests, model: PoolModel, tolerance: float, floor: int) -> tuple[int, float]:
-    """(keys within the bar, minus the summed |log| of estimate over measurement, floor added to both)."""
+def score(sweeps, model: PoolModel, tolerance: float, floor: int) -> tuple[int, float]:
+    """(keys within the bar, minus the summed |log| of estimate over measurement, floor added to both)
+    over `sweeps`: (manifest, stream workspace bytes) pairs, each replayed as `replay` does."""
     good, err = 0, 0.0
-    for m in manifests:
-        for e, est in replay(m, model=model):
+    for m, workspace in sweeps:
+        for e, est in replay(m, workspace, model=model):
             if e.device_bytes is not None:
                 good += within(est, e.device_bytes, tolerance, floor)
                 err += abs(math.log((est + floor) / (e.device_bytes + floor)))
@@ -102,16 +105,36 @@ def scaled(model: PoolModel, name: str, factor: float, dtypes: set[str]) -> Pool
     return dataclasses.replace(model, **{name: v})
 
 
-def fit(manifests, start: PoolModel, tolerance: float, floor: int, rounds: int = 8) -> PoolModel:
-    """Coordinate search over PoolModel's constants, one at a time over FACTORS (module docstring)."""
-    dtypes = {e.dtype for m in manifests for e in m.entries if e.component == "hift"}
-    best, best_score = start, score(manifests, start, tolerance, floor)
+def fit(sweeps, start: PoolModel, tolerance: float, floor: int, restarts: int = 30, seed: int = 0) -> PoolModel:
+    """The best of a coordinate search from `start` and of `restarts` more, each from the best so
+    far with about half its constants scaled at random (seeded: the same manifests give the same
+    fit). The score has steps (a block holds a tensor or not), so one search stops at the first
+    constants no single change improves."""
+    dtypes = {e.dtype for m, _ in sweeps for e in m.entries if e.component == "hift"}
+    rng = random.Random(seed)
+    best = search(sweeps, start, tolerance, floor, dtypes)
+    best_score = score(sweeps, best, tolerance, floor)
+    for _ in range(restarts):
+        cand = best
+        for f in dataclasses.fields(PoolModel):
+            if rng.random() < 0.5:
+                cand = scaled(cand, f.name, rng.choice((0.5, 0.7, 0.85, 1.2, 1.4, 2.0)), dtypes)
+        cand = search(sweeps, cand, tolerance, floor, dtypes)
+        s = score(sweeps, cand, tolerance, floor)
+        if s > best_score:
+            best, best_score = cand, s
+    return best
+
+
+def search(sweeps, start: PoolModel, tolerance: float, floor: int, dtypes: set[str], rounds: int = 8) -> PoolModel:
+    """Coordinate search: each constant in turn over FACTORS, keeping any change that scores higher."""
+    best, best_score = start, score(sweeps, start, tolerance, floor)
     for _ in range(rounds):
         before = best_score
         for f in dataclasses.fields(PoolModel):
             for factor in FACTORS:
                 cand = scaled(best, f.name, factor, dtypes)
-                s = score(manifests, cand, tolerance, floor)
+                s = score(sweeps, cand, tolerance, floor)
                 if s > best_score:
                     best, best_score = cand, s
         if best_score == before:
@@ -121,33 +144,41 @@ def fit(manifests, start: PoolModel, tolerance: float, floor: int, rounds: int =
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("manifest", type=Path, nargs="+", help="manifest.json files or the directories holding them")
+    ap.add_argument("manifest", nargs="+", help="manifest.json files or the directories holding them; PATH@W: "
+                    "that sweep was measured before the shared warm-up stream, replay it with W MiB on its first "
+                    "captured keys (as --stream-workspace-mib)")
     ap.add_argument("--tolerance", type=float, default=0.15)
     ap.add_argument("--floor-mib", type=float, default=8.0)
     ap.add_argument("--beyond-own", action="store_true", help="per captured key: held outside the pool - own")
     ap.add_argument("--fit", action="store_true", help="fit the estimate's constants to the manifests")
-    ap.add_argument("--stream-workspace-mib", type=float, default=0.0)
-    ap.add_argument("--stream-captures", type=int, default=30)
+    ap.add_argument("--stream-workspace-mib", type=float, default=0.0, help="W for manifests given without @W")
     a = ap.parse_args(argv)
-    manifests = [read_manifest(p.parent if p.is_file() else p) for p in a.manifest]
+    sweeps = [sweep(arg, a.stream_workspace_mib) for arg in a.manifest]
     floor, model = int(a.floor_mib * MIB), FITTED
     if a.fit:
-        model = fit(manifests, FITTED, a.tolerance, floor)
+        model = fit(sweeps, FITTED, a.tolerance, floor)
         print(f"fitted: {model}\n")
-    for path, m in zip(a.manifest, manifests):
+    for arg, (m, workspace) in zip(a.manifest, sweeps):
         if a.beyond_own:
             beyond_own(m)
         else:
-            print(f"{path}:")
-            table(m, a, floor, model)
+            print(f"{arg}:")
+            table(m, workspace, a, floor, model)
     return 0
 
 
-def table(m, a, floor: int, model: PoolModel) -> None:
+def sweep(arg: str, default_mib: float) -> tuple[object, int]:
+    """'PATH[@W]' -> (its manifest, W MiB of stream workspace in bytes)."""
+    path, _, mib = arg.partition("@")
+    p = Path(path)
+    return read_manifest(p.parent if p.is_file() else p), int(float(mib or default_mib) * MIB)
+
+
+def table(m, workspace: int, a, floor: int, model: PoolModel) -> None:
     print(f"{'key':44s} {'measured':>9s} {'estimate':>9s} {'ratio':>6s}  within")
     ok = n = 0
     sums: dict[str, list[int]] = {}
-    for e, est in replay(m, int(a.stream_workspace_mib * MIB), a.stream_captures, model):
+    for e, est in replay(m, workspace, model=model):
         if e.device_bytes is None:
             print(f"{e.id:44s} {'-':>9s} {est / MIB:9.1f} {'':>6s}  ({e.status.value}, not loaded)")
             continue

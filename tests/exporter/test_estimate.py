@@ -108,28 +108,54 @@ def test_other_backends_and_devices_keep_the_order_free_estimate():
     assert isinstance(key_sizes(FULL, [key], "aoti", "cuda", {}), GraphPoolSizes)
 
 
-def replay(run: str) -> dict[str, tuple[str, int, int]]:
+def replay(run: str, workspace_mib: int = 0) -> dict[str, tuple[str, int, int]]:
     """id -> (component, measured, estimated bytes) of a run's measured keys, replayed in the
     manifest's order by benchmarks/h200/estimate_fit.py (which prints the same table)."""
-    return {e.id: (e.component, e.device_bytes, est) for e, est in estimate_fit.replay(read_manifest(RESULTS / run))
+    m = read_manifest(RESULTS / run)
+    return {e.id: (e.component, e.device_bytes, est) for e, est in estimate_fit.replay(m, workspace_mib * MIB)
             if e.device_bytes is not None}
 
 
-@pytest.mark.parametrize("run, keys, within", [("run10_sweep", 92, 65), ("run11_sweep", 96, 68)])
-def test_the_estimate_follows_the_h200_measurements_of_h200_yaml(run, keys, within):
-    """h200.yaml measured on the H200 in plan order in one process (docs/budget.md): run 10 (92
-    keys; the estimate's constants were fitted to it) and run 11 (all 96, the same order, not used by
-    the fit). Keys within 15 % or 8 MiB (a measurement is in 2 MiB pages; a key's small inputs
-    may land in an allocator segment the keys before it left half-used and measure 0): at least
-    65 of 92 and 68 of 96; each component's sum within 5 % and the total within 3 % of the measured
-    (20,414 and 20,500 MiB). The estimate it replaced, on run 10: 10 keys, 33,183 MiB."""
-    fit = replay(run)
-    assert len(fit) == keys
-    close = [i for i, (_, meas, est) in fit.items() if abs(est - meas) <= max(0.15 * meas, 8 * MIB)]
-    assert len(close) >= within, sorted(set(fit) - set(close))
+def close(fit: dict) -> list[str]:
+    return [i for i, (_, meas, est) in fit.items() if abs(est - meas) <= max(0.15 * meas, 8 * MIB)]
+
+
+def test_the_estimate_follows_the_h200_measurement_of_h200_yaml():
+    """h200.yaml's 96 keys measured on the H200 in plan order in one process (run 14, docs/budget.md;
+    the constants were fitted to it and to run 11): keys within 15 % or 8 MiB (a measurement is in
+    2 MiB pages; a key's small inputs may land in an allocator segment the keys before it left
+    half-used and measure 0): at least 88 of 96; each component's sum within 5 % and the total within
+    3 % of the measured 17,486 MiB. The constants before (fitted to run 10): 68 keys."""
+    fit = replay("run14_sweep")
+    assert len(fit) == 96
+    assert len(close(fit)) >= 88, sorted(set(fit) - set(close(fit)))
     for comp in ("flow_encoder", "cfm", "hift"):
         meas = sum(m for c, m, _ in fit.values() if c == comp)
         assert sum(e for c, _, e in fit.values() if c == comp) == pytest.approx(meas, rel=0.05), comp
     assert sum(e for _, _, e in fit.values()) == pytest.approx(sum(m for _, m, _ in fit.values()), rel=0.03)
     # the pool's sharing: the first B=16 CFM key pays its caches, the later ones of B=16 only outputs
     assert fit["cfm-B16-T150-L400-float16"][2] > 1400 * MIB > 900 * MIB > fit["cfm-B16-T50-L400-float16"][2]
+
+
+@pytest.mark.parametrize("run, keys, within", [("run10_sweep", 92, 68), ("run11_sweep", 96, 71)])
+def test_the_estimate_follows_older_sweeps_in_another_order(run, keys, within):
+    """Runs 10 and 11 measured h200.yaml with float32 HiFT in the priority order, before captures
+    shared one warm-up stream: replayed with its 32 MiB on their first 30 captured keys, at least 68
+    of 92 and 71 of 96 keys within the bar, the total within 5 %."""
+    fit = replay(run, workspace_mib=32)
+    assert len(fit) == keys and len(close(fit)) >= within, sorted(set(fit) - set(close(fit)))
+    assert sum(e for _, _, e in fit.values()) == pytest.approx(sum(m for _, m, _ in fit.values()), rel=0.05)
+
+
+def test_the_fit_finds_its_way_back_from_constants_far_off():
+    """estimate_fit.fit on run 14 from constants far off (each size scaled by 1/4 to 8, the encoder's
+    two factors swapped: 66 keys within the bar) gets back to at least 86 (FITTED: 88)."""
+    import dataclasses
+    sweeps = [(read_manifest(RESULTS / "run14_sweep"), 0)]
+    off = dataclasses.replace(FITTED, first_capture=2 * FITTED.first_capture, cfm_activation=8 * FITTED.cfm_activation,
+                              encoder_cache_factor=1.0, encoder_stack_factor=0.25,
+                              encoder_activation=FITTED.encoder_activation // 4,
+                              hift_workspace=(("float32", 667), ("float16", 1100)), hift_table=2 * FITTED.hift_table)
+    assert estimate_fit.score(sweeps, off, 0.15, 8 * MIB)[0] <= 70
+    got = estimate_fit.fit(sweeps, off, 0.15, 8 * MIB, restarts=2)
+    assert estimate_fit.score(sweeps, got, 0.15, 8 * MIB)[0] >= 86
