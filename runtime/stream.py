@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from c2w.runtime.errors import C2WUserError, check_shape
-from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey
+from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey, copy_bytes
 
 KEEP_RECENT = 100     # frames kept after the prompt when a cache is trimmed
 
@@ -103,18 +103,6 @@ def trim_cache(cache: torch.Tensor, dim: int, prompt_frames: int) -> torch.Tenso
     copy_bytes(out.narrow(dim, 0, prompt_frames), cache.narrow(dim, 0, prompt_frames))
     copy_bytes(out.narrow(dim, prompt_frames, KEEP_RECENT), cache.narrow(dim, n - KEEP_RECENT, KEEP_RECENT))
     return out
-
-
-def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst.copy_(src) for tensors of one dtype and shape, through int64 views when both allow one
-    (contiguous rows of a multiple of 8 bytes at 8-byte aligned addresses and strides, as the
-    attention caches' rows of 2 d_k values are)."""
-    def wide(t: torch.Tensor) -> bool:
-        size = t.element_size()
-        return t.stride(-1) == 1 and t.data_ptr() % 8 == 0 and all(st * size % 8 == 0 for st in t.stride()[:-1])
-    if src.dtype == dst.dtype and src.shape[-1] * src.element_size() % 8 == 0 and wide(src) and wide(dst):
-        dst, src = dst.view(torch.int64), src.view(torch.int64)
-    dst.copy_(src)
 
 
 @dataclass

@@ -366,6 +366,18 @@ def tensor_bytes(shape, dtype: torch.dtype) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
+def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) for tensors of one dtype and shape, through int64 views when both allow one
+    (contiguous rows of a multiple of 8 bytes at 8-byte aligned addresses and strides, as the
+    attention caches' rows of 2 d_k values are)."""
+    def wide(t: torch.Tensor) -> bool:
+        size = t.element_size()
+        return t.stride(-1) == 1 and t.data_ptr() % 8 == 0 and all(st * size % 8 == 0 for st in t.stride()[:-1])
+    if src.dim() and src.dtype == dst.dtype and src.shape[-1] * src.element_size() % 8 == 0 and wide(src) and wide(dst):
+        dst, src = dst.view(torch.int64), src.view(torch.int64)
+    dst.copy_(src)
+
+
 REL_L2_CHUNK = 1 << 24        # elements per float64 slice: 128 MiB per operand
 
 
