@@ -72,8 +72,8 @@ class PoolModel:
 # Fitted to two H200 sweeps of h200.yaml's 96 keys, each loaded in its plan order in one process (torch
 # 2.11): run 14 (benchmarks/h200/results/run14_sweep: float16 HiFT, captures sharing one warm-up stream,
 # the traffic ranking's order) and run 11 (run11_sweep: float32 HiFT, priority order, replayed with the
-# 32 MiB stream workspace of its first 30 captures); rounded. `estimate_fit.py run14_sweep
-# run11_sweep@32 --fit` prints it.
+# 32 MiB stream workspace of its first 30 captures): a fit by `estimate_fit.py run14_sweep run11_sweep@32
+# --fit` from the run-10 constants, rounded (88 of 96 keys of run 14, 71 of run 11).
 FITTED = PoolModel()
 
 

@@ -372,8 +372,9 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     attention caches' rows of 2 d_k values are)."""
     def wide(t: torch.Tensor) -> bool:
         size = t.element_size()
-        return t.stride(-1) == 1 and t.data_ptr() % 8 == 0 and all(st * size % 8 == 0 for st in t.stride()[:-1])
-    if src.dim() and src.dtype == dst.dtype and src.shape[-1] * src.element_size() % 8 == 0 and wide(src) and wide(dst):
+        return (t.stride(-1) == 1 and t.data_ptr() % 8 == 0 and t.storage_offset() * size % 8 == 0
+                and all(st * size % 8 == 0 for st in t.stride()[:-1]))
+    if src.dim() and src.shape == dst.shape and src.dtype == dst.dtype and src.shape[-1] * src.element_size() % 8 == 0 and wide(src) and wide(dst):
         dst, src = dst.view(torch.int64), src.view(torch.int64)
     dst.copy_(src)
 

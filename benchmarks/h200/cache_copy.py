@@ -15,7 +15,7 @@ bandwidth to compare with. Prints GB/s per way and writes $OUT/cache_copy.json.
 
 With --trim it times instead the streaming driver's trim of the solve's output cache (L + T frames
 down to the first P and the last 100, `runtime.stream.trim_cache`) against the same trim as the
-`torch.cat` of two slices it was before run 14 (the steady key: 14.4 GB in, 10.7 GB out).
+`torch.cat` of two slices it was before run 14 (the steady key: 11.5 GB in, 8.4 GB kept).
 
 Usage (device): python3 benchmarks/h200/cache_copy.py --out $OUT [--trim] [--steps 10 --depth 16 ...]
 CPU check (every way against copy_, small shapes; Triton under its interpreter):
