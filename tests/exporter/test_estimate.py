@@ -117,7 +117,7 @@ def replay(run: str, workspace_mib: int = 0) -> dict[str, tuple[str, int, int]]:
 
 
 def close(fit: dict) -> list[str]:
-    return [i for i, (_, meas, est) in fit.items() if abs(est - meas) <= max(0.15 * meas, 8 * MIB)]
+    return [i for i, (_, meas, est) in fit.items() if estimate_fit.within(est, meas, 0.15, 8 * MIB)]
 
 
 def test_the_estimate_follows_the_h200_measurement_of_h200_yaml():
