@@ -2,31 +2,55 @@
 # One device call: Inductor build variants of the depth-2 CFM proxy (cfm_profile.py), compiled in
 # parallel, then timed and profiled one at a time. Usage (device tool, repo root):
 #   C2W_COMMIT=<hash> bash benchmarks/h200/variants.sh
+# A variant line is `tag|inductor JSON|cfm_profile.py arguments[|patch]`: with a patch file (a path
+# relative to the repo root), that variant builds and runs from a copy of the tree with the patch
+# applied, so a product change is measured against the base in the same call. Tags must differ.
+# A variant whose build did not finish within STEP_S is not timed (a time phase would rebuild it).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TORCHINDUCTOR_COMPILE_THREADS=3
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+ROOT=$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 AUTOTUNE='{"max_autotune": true, "max_autotune_gemm_backends": "TRITON,ATEN"}'
-# tag|inductor JSON|cfm_profile.py shape arguments
+# tag|inductor JSON|cfm_profile.py shape arguments[|patch]
 VARIANTS=${VARIANTS:-"default|{}|--batch 1
 combo|{\"combo_kernels\": true}|--batch 1
 autotune|$AUTOTUNE|--batch 1
 default|{}|--batch 32 --T 150 --L 400
 autotune|$AUTOTUNE|--batch 32 --T 150 --L 400"}
-run() {  # phase tag json args...
-  local phase=$1 tag=$2 json=$3; shift 3
-  C2W_AOTI_INDUCTOR="$json" timeout ${STEP_S:-300} python3 benchmarks/h200/cfm_profile.py --phase "$phase" --tag "$tag" --out "$OUT" "$@"
+tree() {  # patch -> the tree a variant runs from (made once per patch)
+  local patch=$1
+  [ -z "$patch" ] && { echo "$ROOT"; return; }
+  local dir=/tmp/variant_trees/$(basename "$patch" .patch)
+  if [ ! -d "$dir" ]; then
+    mkdir -p /tmp/variant_trees && cp -r "$ROOT" "$dir" && (cd "$dir" && git apply "$ROOT/$patch") \
+      || { echo "patch $patch does not apply" >&2; rm -rf "$dir"; return 1; }
+  fi
+  echo "$dir"
 }
+run() {  # phase tag json patch args...
+  local phase=$1 tag=$2 json=$3 patch=$4 dir; shift 4
+  dir=$(tree "$patch") || return 1
+  ( cd "$dir" && C2W_AOTI_INDUCTOR="$json" timeout ${STEP_S:-300} python3 benchmarks/h200/cfm_profile.py \
+      --phase "$phase" --tag "$tag" --out "$OUT" "$@" )
+}
+# the trees first, one at a time (parallel builds would race to make the same copy)
+while IFS='|' read -r tag json args patch; do tree "${patch:-}" > /dev/null || exit 1; done <<< "$VARIANTS"
 t0=$(date +%s); i=0
-while IFS='|' read -r tag json args; do
+while IFS='|' read -r tag json args patch; do
   i=$(( i + 1 ))
   # shellcheck disable=SC2086
-  run build "$tag" "$json" $args > "$OUT/build_${i}_${tag}.log" 2>&1 &
+  run build "$tag" "$json" "${patch:-}" $args > "$OUT/build_${i}_${tag}.log" 2>&1 &
 done <<< "$VARIANTS"
 wait
 echo "parallel builds: $(( $(date +%s) - t0 )) s"
-while IFS='|' read -r tag json args; do
+i=0
+while IFS='|' read -r tag json args patch; do
+  i=$(( i + 1 ))
+  if ! grep -q "built in" "$OUT/build_${i}_${tag}.log"; then
+    echo "$tag ($args): not built within ${STEP_S:-300} s, not timed"; continue
+  fi
   # shellcheck disable=SC2086
-  run time "$tag" "$json" $args 2>&1 | grep -v Warning | tail -9
+  run time "$tag" "$json" "${patch:-}" $args 2>&1 | grep -v Warning | tail -9
 done <<< "$VARIANTS"
 grep -h "built in\|Error" "$OUT"/build_*.log | tail -12
