@@ -14,6 +14,7 @@ def test_kernel_names_fall_in_their_class():
     assert c("triton_poi_fused_stack_32") == c("Memcpy DtoD (Device -> Device)") == "cache stack, copies, memsets"
     assert c("triton_poi_fused_gelu_view_20") == "GELU (own kernel)"
     assert c("triton_per_fused_native_layer_norm_view_11").startswith("other Triton")
+    assert c("triton_tem_fused__unsafe_view_add_addmm_index_select_mul_native_layer_norm") == "matrix products (Triton templates)"
     assert c("some_new_kernel") == kernel_classes.OTHER
 
 

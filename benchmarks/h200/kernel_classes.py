@@ -17,6 +17,8 @@ from pathlib import Path
 # First match wins: (class, substrings of the kernel name).
 CLASSES = (
     ("matrix products (cuBLAS)", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
+    # Inductor's Triton GEMM templates (max_autotune), with whatever epilogue it fused into them
+    ("matrix products (Triton templates)", ("triton_tem_",)),
     ("attention (cuDNN / flash)", ("sdpa", "flash", "fmha")),
     ("cache stack, copies, memsets", ("stack", "Memcpy", "Memset", "elementwise_kernel", "copy")),
     ("GELU (own kernel)", ("gelu",)),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build a profile's AOTI artifacts in parallel shards, merge, report, bench.
 # Usage (device tool, repo root): bash benchmarks/h200/run.sh   (carry .whl for the peer row)
+# h200_core at 13 shards: CFM keys take up to ~7 min to build side by side (run 16), hence EXPORT_S.
 set -u
 N=${SHARDS:-13}
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=$(( N < 16 ? 16 / N : 1 )) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -23,7 +24,7 @@ if [ -z "${SKIP_EXPORT:-}" ]; then
   tracer=$!; pids=()
   for k in $(seq 1 $N); do
     # each log ends with the shard's exit status (137: killed, e.g. for memory; 124: the timeout)
-    { timeout ${EXPORT_S:-300} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N $MEASURE
+    { timeout ${EXPORT_S:-420} python3 cli.py export --profile $PROFILE --out /tmp/art/s$k --shard $k/$N $MEASURE
       echo "exit status $?"; } > "$OUT/export_s$k.log" 2>&1 &
     pids+=($!)
   done
