@@ -32,7 +32,9 @@ READABLE_VERSIONS = (1, 2)
 # Part of every artifact's identity: bump it when artifacts built by an older c2w must be rebuilt.
 # Independent of FORMAT_VERSION: a manifest field changing does not change an artifact.
 # 2: a CFM step package takes the step's index (int64), not its time (the modulation is a table).
-ARTIFACT_FORMAT = 2
+# 3: on CUDA the DiT MLP's first product takes its bias and GELU in cuBLASLt's epilogue; a CFM
+#    package built before computes the same function without it, slower (benchmarks/h200, run 15).
+ARTIFACT_FORMAT = 3
 MANIFEST = "manifest.json"
 
 

@@ -340,7 +340,7 @@ def _tf32(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_verification_inputs_keep_tf32_noise_within_the_engine_tolerance(monkeypatch):
-    """The GPU profiles run HiFT in float32 with TF32 on, so every engine check compares two
+    """A float32 HiFT with TF32 on (profiles/h100.yaml) makes every engine check compare two
     TF32 computations. With every conv operand rounded to TF32 (CPU emulation), the full-size
     HiFT's speech on the verification inputs must move by less than the engine tolerance, first
     AND steady chunk. A source cache drawn at 10x a real source's scale made the steady chunk
