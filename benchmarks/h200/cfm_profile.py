@@ -10,7 +10,9 @@ Usage (device): python3 benchmarks/h200/cfm_profile.py --batch 1 [--depth 2] [--
 With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor configs too
 (recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
 DiT attention as it was before the att cache was written once (three concatenations per block
-and step), so both forms are measured in the same call. `--triton-rows N --tiles A.json[,B.json]` builds
+and step), so both forms are measured in the same call; `--attn bthd` takes q's LayerNorm before
+its transpose (`bthd_attention_forward`). `--conv tap-sum` runs each convolution as one product
+over every row (conv_variants.py's `tap_sum_conv`) instead of the frame or per-tap products. `--triton-rows N --tiles A.json[,B.json]` builds
 with the fused Triton kernels of fused_dit.py for calls of at most N rows, fusing the products
 whose tuned tile (fused_tiles.py's results) beat the ops they replace (eager is timed without them), and
 the JSON has the mel's SNR against the float32 model, engine and eager float16.
@@ -29,13 +31,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.h200.conv_variants import tap_sum_conv  # noqa: E402
 from c2w.exporter.backends.aoti import build_aoti  # noqa: E402
 from c2w.exporter.bench.engines import timed  # noqa: E402
 from c2w.runtime.engines.aoti import AOTIBackend  # noqa: E402
 from c2w.runtime.engines.base import ArtifactInfo  # noqa: E402
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool  # noqa: E402
 from c2w.runtime.model.config import preset  # noqa: E402
-from c2w.runtime.model.dit import Attention, parts  # noqa: E402
+from c2w.runtime.model.dit import Attention, CausalConvBlock, parts  # noqa: E402
 from c2w.runtime.model.flow import FlowModel  # noqa: E402
 from c2w.runtime.model.weights import init_random_  # noqa: E402
 from c2w.runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
@@ -57,6 +60,22 @@ def legacy_attention_forward(self, x, att_cache):
     return self.proj(out), torch.cat([k, v], dim=-1)
 
 
+def bthd_attention_forward(self, x, att_cache):
+    """`runtime.model.dit.Attention.forward` with q normalized in (b, T, h, d) and transposed after
+    (same values). cuDNN's attention gives its output q's memory layout (PyTorch's meta function
+    allocates it so, and Inductor plans by that), so the output's way back to (b, T, h * d) is a
+    view, where today it is one copy kernel per block and step (`clone_transpose` in the tables)."""
+    b, t, _ = x.shape
+    q, k, v = self.project(x)
+    q = self.q_norm(q.unflatten(-1, (self.heads, self.head_dim))).transpose(1, 2)   # (b, h, T, d) view
+    kv = torch.cat([torch.cat([self.k_norm(self._heads(k)), self._heads(v)], dim=-1), att_cache], dim=2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, *parts(kv, 2, -1))
+    return self.proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)), kv
+
+
+ATTENTION = {"current": None, "legacy": legacy_attention_forward, "bthd": bthd_attention_forward}
+
+
 class _Model:
     def __init__(self, flow, cfg):
         self.flow, self.cfg = flow, cfg
@@ -70,8 +89,11 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tag", default="", help="variant name for the output file")
-    ap.add_argument("--attn", choices=("current", "legacy"), default="current",
-                    help="legacy: the DiT attention before the att cache was written once")
+    ap.add_argument("--attn", choices=tuple(ATTENTION), default="current",
+                    help="legacy: the DiT attention before the att cache was written once; bthd: q normalized "
+                         "before its transpose")
+    ap.add_argument("--conv", choices=("current", "tap-sum"), default="current",
+                    help="tap-sum: each convolution as one product over every row, taps summed shifted")
     ap.add_argument("--triton-rows", type=int, default=0,
                     help="build with the fused Triton DiT kernels of fused_dit.py up to this many rows; "
                          "eager is timed without them (needs --tiles)")
@@ -86,8 +108,10 @@ def main() -> None:
     if bool(a.triton_rows) != bool(a.tiles):
         raise SystemExit("--triton-rows and --tiles go together: the rows fused, and each product's tile")
     dev = torch.device("cuda")
-    if a.attn == "legacy":
-        Attention.forward = legacy_attention_forward
+    if ATTENTION[a.attn]:
+        Attention.forward = ATTENTION[a.attn]
+    if a.conv == "tap-sum":
+        CausalConvBlock._conv = lambda self, conv, h: tap_sum_conv(conv, h)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     full = preset("full")
     cfg = dataclasses.replace(full, dit=dataclasses.replace(full.dit, depth=a.depth))
@@ -103,7 +127,8 @@ def main() -> None:
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
     # the variant switches are part of the name: a `--phase time` call must find ITS build
-    switches = (["legacy-attn"] if a.attn == "legacy" else []) + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
+    switches = ([f"{a.attn}-attn"] if ATTENTION[a.attn] else []) + (["tap-sum"] if a.conv == "tap-sum" else []) \
+        + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
     name = "_".join([f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}", *switches, *([a.tag] if a.tag else [])])
     path = Path(f"/tmp/{name}.pt2")
     built = path.with_suffix(".build.json")
@@ -130,7 +155,7 @@ def main() -> None:
     info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
-    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn,
+    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn, "conv": a.conv,
            "triton_rows": a.triton_rows, "fused_tiles": tiles if a.triton_rows else {},
            "inductor": extra.get("inductor", {}),
            "commit": os.environ.get("C2W_COMMIT", "unknown"), "build_s": round(build_s, 1)}

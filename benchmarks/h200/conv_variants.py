@@ -15,6 +15,9 @@ and 150), one formulation per row:
   stack_mid    frames torch.stack(..., -2), weight permuted once outside
   three_mm     three accumulated GEMMs over shifted views, weight slices made contiguous outside
   cudnn        F.conv1d in (b, c, T) layout (the form before the conv-as-GEMM change)
+  tap_sum      ONE product over all T + 2 rows against the three taps' weights side by side (a view
+               of the tap-major weight), then each tap's outputs summed shifted by its offset
+               (`tap_sum_conv`; cfm_profile.py --conv tap-sum builds it into the CFM engine)
 Usage (device): python3 benchmarks/h200/conv_variants.py [--out DIR]; prints a table, writes JSON.
 (results/run5_conv/table.txt is from 7d084f7, where the block always took the frame product: its
 `tap_major` row is this script's `tap_major` row; `shipped` and `per_tap` came later.)
@@ -70,6 +73,27 @@ def three_mm(blk, x, cache, pre):
     return conv(6, h2), new
 
 
+def tap_sum_conv(conv, h):
+    """Valid k-tap convolution over time of h (b, T + k - 1, c) -> (b, T, c_out), as one product.
+
+    The product runs over every row of h, contiguous as it is, against the k taps' weights side by
+    side: (c_out * k, c_in), a view of the tap-major weight (runtime.model.dit.tap_major_), so
+    output feature o * k + j is tap j of channel o. Output frame t then sums tap j at row t + j.
+    Why: at B=32 the per-tap products read three shifted slices of h, and Inductor copies each one
+    contiguous first (three copies per convolution; before the second convolution the copies
+    also evaluate the Mish three times over). Here nothing is copied, and the shifted sum is
+    pointwise, so it fuses into whatever reads the output. The product has 2 more rows per
+    sequence: +1.3 % FLOPs at T=150."""
+    k = conv.kernel_size[0]
+    t = h.shape[1] - k + 1
+    w = conv.weight.permute(0, 2, 1)                                            # (c_out, k, c_in), a view
+    y = F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (w.shape[0], k))  # (b, T + k - 1, c_out, k)
+    out = y[:, 0:t, :, 0] + conv.bias
+    for j in range(1, k):
+        out = out + y[:, j:j + t, :, j]
+    return out
+
+
 def cudnn(blk, x, cache):
     def conv(i, h):
         return F.conv1d(h.transpose(1, 2), blk.block[i].weight, blk.block[i].bias).transpose(1, 2)
@@ -103,6 +127,8 @@ def main() -> None:
     pre_mm = {i: [blk.block[i].weight[:, :, j].contiguous() for j in range(3)] for i in (1, 6)}
     frames_only, per_tap = copy.deepcopy(blk), copy.deepcopy(blk)
     frames_only.shifted_gemm_rows, per_tap.shifted_gemm_rows = 1 << 40, 0
+    tap_sum = copy.deepcopy(blk)
+    tap_sum._conv = tap_sum_conv
     variants = {
         "shipped": lambda x, k: blk(x, k),
         "tap_major": lambda x, k: frames_only(x, k),
@@ -111,6 +137,7 @@ def main() -> None:
         "stack_mid": lambda x, k: stacked(blk, x, k, pre_mid, -2),
         "three_mm": lambda x, k: three_mm(blk, x, k, pre_mm),
         "cudnn": lambda x, k: cudnn(blk, x, k),
+        "tap_sum": lambda x, k: tap_sum(x, k),
     }
     rows = []
     with torch.inference_mode():
