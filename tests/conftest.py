@@ -78,7 +78,13 @@ def seed_artifacts(src: Path, dst: Path, ids: set[str]) -> int:
     digest, key, backend and torch versions, device, precision, weights layout) is what it would
     build now, and builds every other key. What `src` measured is not copied (each entry's
     resident bytes, the engines' shared state, the whole directory): those numbers belong to
-    `src`'s set of keys, so the export into `dst` measures the seeded keys against its own budget."""
+    `src`'s set of keys, so the export into `dst` measures the seeded keys against its own budget.
+
+    The tests that stop an export part-way take a copied entry to be reused. An entry made by an
+    older c2w (another ARTIFACT_FORMAT, another torch) is copied but rebuilt, and those tests then
+    fail: run command 1 again, or set C2W_TEST_REBUILD=1, which seeds nothing (docs/testing.md)."""
+    if os.environ.get("C2W_TEST_REBUILD") == "1":
+        return 0
     from c2w.runtime.manifest import file_problem, read_manifest, write_manifest
     try:
         m = read_manifest(src)
@@ -139,10 +145,9 @@ def ort_artifacts(tmp_path_factory) -> Path:
             return out
         shutil.rmtree(out, ignore_errors=True)      # left by a worker whose export failed
         p = small_profile()
-        if os.environ.get("C2W_TEST_REBUILD") != "1":
-            model = load_model(p.model)
-            planned = {e.key.id for e in make_plan(model.cfg, p, precision_weights(model, p)).selected}
-            seed_artifacts(EXPORTED, out, planned)
+        model = load_model(p.model)
+        planned = {e.key.id for e in make_plan(model.cfg, p, precision_weights(model, p)).selected}
+        seed_artifacts(EXPORTED, out, planned)
         res = export_profile(p, out)
         assert res.failed == 0, [e.error for e in res.manifest.entries if e.error]
         assert res.built + res.reused == 8
