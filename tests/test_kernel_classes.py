@@ -32,3 +32,45 @@ def test_each_column_adds_up_to_the_solves_kernels_and_time():
         assert sum(p[0] for p in parts) == n and abs(sum(p[1] for p in parts) - ms) < 0.02
     gelu = next(r for r in rows if r.startswith("| GELU"))
     assert gelu.split(" | ")[1] == "20 / 0.52 ms" and gelu.rstrip(" |").endswith("-")
+
+
+def test_hift_kernels_fall_in_their_class():
+    """cuDNN's convolutions and their layout changes are told from cuBLAS's products, and an
+    Inductor kernel that fused a convolution's bias is still Inductor's."""
+    c = kernel_classes.classify
+    assert c("sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc") == "convolutions (cuDNN)"
+    assert c("cutlass__5x_cudnn::Kernel<cutlass_tensorop_f16_s16816fprop_optimized_f16>") == "convolutions (cuDNN)"
+    assert c("void cudnn::engines_precompiled::nchwToNhwcKernel<__half>") == "convolutions (cuDNN)"
+    assert c("triton_poi_fused_add_convolution_mul_sin_3").startswith("other Triton")
+
+
+def test_profile_kernels_counts_and_ranks_the_cuda_kernels_of_one_call(monkeypatch):
+    """Against a stand-in profiler: CPU events are left out, names are cut at 90 characters, and
+    the ranking is by summed time."""
+    import torch
+    import torch.profiler
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    ev = lambda name, us, dev=cuda: type("E", (), {"name": name, "device_time": us, "device_type": dev})()  # noqa: E731
+    events = [ev("gemm", 5.0), ev("gemm", 7.0), ev("x" * 100, 20.0), ev("host", 99.0, cpu)]
+
+    class Profile:
+        def __init__(self, activities):
+            assert activities == [torch.profiler.ProfilerActivity.CUDA]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+    calls = []
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    prof = kernel_classes.profile_kernels(lambda: calls.append(1), top=1)
+    assert calls == [1]
+    assert prof["kernels_per_solve"] == 3 and abs(prof["kernel_ms_per_solve"] - 0.032) < 1e-12
+    assert prof["top"] == [{"name": "x" * 90, "count": 1, "ms": 0.02}]
+    assert abs(prof["mean_kernel_us"] - 32 / 3) < 1e-12

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.h200.conv_variants import tap_sum_conv  # noqa: E402
+from benchmarks.h200.kernel_classes import profile_kernels  # noqa: E402
 from c2w.exporter.backends.aoti import build_aoti  # noqa: E402
 from c2w.exporter.bench.engines import timed  # noqa: E402
 from c2w.runtime.engines.aoti import AOTIBackend  # noqa: E402
@@ -176,26 +177,11 @@ def main() -> None:
         del unit32, mel32
         plain = AOTIBackend(cuda_graphs=False).load(info, weights, dev)
         res["engine"] = timed(lambda: plain.run(x), dev, 3, a.reps)
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            plain.run(x)
-            torch.cuda.synchronize()
-    try:
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        total_us = sum(e.device_time for e in kernels)
-        by_name: dict[str, list] = {}
-        for e in kernels:
-            s = by_name.setdefault(e.name[:90], [0, 0.0])
-            s[0] += 1
-            s[1] += e.device_time
-        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
-        res["profile"] = {"kernels_per_solve": len(kernels), "kernel_ms_per_solve": total_us / 1e3,
-                          "mean_kernel_us": total_us / max(1, len(kernels)),
-                          "top": [{"name": n, "count": c, "ms": t / 1e3} for n, (c, t) in top]}
-    except Exception as exc:          # profiler API drift: keep the table as text
-        res["profile"] = {"kernels_per_solve": -1, "kernel_ms_per_solve": float("nan"), "mean_kernel_us": 0.0,
-                          "top": [], "error": repr(exc),
-                          "table": prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)}
+        try:
+            res["profile"] = profile_kernels(lambda: plain.run(x))
+        except Exception as exc:          # noqa: BLE001 - profiler API drift: the timings above still count
+            res["profile"] = {"kernels_per_solve": -1, "kernel_ms_per_solve": float("nan"), "mean_kernel_us": 0.0,
+                              "top": [], "error": repr(exc)}
     Path(a.out, f"{name}.json").write_text(json.dumps(res, indent=1))
     p = res["profile"]
     print(f"{a.tag or 'default'} B={a.batch} T={a.T} depth={a.depth}: eager {res['eager']['median_ms']:.2f} ms, eager+graph "

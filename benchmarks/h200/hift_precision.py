@@ -42,7 +42,8 @@ A compile cannot be cut short: the budget check uses `--compile-estimate-s` unti
 been timed, so an Inductor build much slower than that overruns `--seconds`. Run under `timeout`:
 on SIGTERM the script stops, prints the table of what it measured and keeps the JSON.
 
-Usage (H200, one 120 s device call; ~100 s wall):
+Usage (H200, one 120 s device call; ~100 s wall; `--kernels` adds each compiled variant's kernel
+profile, for kernel_classes.py):
   timeout 112 python3 benchmarks/h200/hift_precision.py --out $OUT --seconds 80 --compile fp16-conv
 CPU smoke (compile path checked with `--compile-backend eager`, no C++ build):
   python benchmarks/h200/hift_precision.py --model random:tiny --batch 2 --frames 16 --b1-frames 16 \\
@@ -67,6 +68,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.h200.kernel_classes import profile_kernels  # noqa: E402
 from c2w.exporter.bench.engines import snr_db, timed  # noqa: E402
 from c2w.runtime.model import hift as H  # noqa: E402
 from c2w.runtime.model.config import preset  # noqa: E402
@@ -434,6 +436,13 @@ def compiled_variant(run: Run, name: str, base, cases, frame_counts):
         traceback.print_exc()
         return
     measure(run, name, "compile", comp, cases, compile_s)
+    if a.kernels and dev.type == "cuda":
+        case, (inputs, _) = next(iter(cases.items()))
+        prof = profile_kernels(lambda: comp(*inputs))
+        path = Path(a.out, f"hift_kernels_{name}.json")
+        path.write_text(json.dumps({"variant": name, "mode": "compile", "case": case, "profile": prof}, indent=1))
+        print(f"  {name} compiled, {case}: {prof['kernels_per_solve']} kernels, {prof['kernel_ms_per_solve']:.2f} ms "
+              f"of kernel time -> {path.name} (kernel_classes.py tabulates it)", flush=True)
     del comp, mod
     torch._dynamo.reset()
 
@@ -505,6 +514,8 @@ def main() -> None:
     ap.add_argument("--compile-estimate-s", type=float, default=35.0,
                     help="compile time assumed before the first compile is measured (budget check)")
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replays")
+    ap.add_argument("--kernels", action="store_true",
+                    help="profile one call of each compiled variant at the main key: hift_kernels_<variant>.json")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=95.0, help="wall budget from the start of main")

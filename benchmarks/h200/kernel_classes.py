@@ -1,9 +1,10 @@
 """Kernel time per class from cfm_profile.py's JSON files: where a solve's GPU time goes, side by side.
 
-cfm_profile.py records each solve's kernel count and time and its 40 most expensive kernel names;
-this groups those names into classes (matrix products, attention, cache stacking and copies, fused
-Triton kernels) and shows what the top 40 leave out as one more row. One column per file, in the
-order given (e.g. the same key before and after a change):
+cfm_profile.py records each solve's kernel count and time and its 40 most expensive kernel names
+(`profile_kernels`; hift_precision.py --kernels records HiFT's the same way); this groups those names
+into classes (matrix products, convolutions, attention, cache stacking and copies, fused Triton
+kernels) and shows what the top 40 leave out as one more row. One column per file, in the order
+given (e.g. the same key before and after a change):
 
     python benchmarks/h200/kernel_classes.py results/run5_conv/cfm_profile_B32_T150_L400_d2_pertap.json \
         results/run15_gelu_trim/cfm_profile_B32_T150_L400_d2_gelu-epilogue_gelu.json
@@ -14,25 +15,56 @@ import argparse
 import json
 from pathlib import Path
 
-# First match wins: (class, substrings of the kernel name).
-CLASSES = (
-    ("matrix products (cuBLAS)", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
+OTHER_TRITON = "other Triton (norms, modulation, conv frames, residuals)"
+# First match wins: (class, substrings of the kernel name). Inductor's kernels (named triton_...)
+# are told apart by their names' fused ops; a vendor kernel by its library's naming.
+TRITON_CLASSES = (
     # Inductor's Triton GEMM templates (max_autotune), with whatever epilogue it fused into them
     ("matrix products (Triton templates)", ("triton_tem_",)),
-    ("attention (cuDNN / flash)", ("sdpa", "flash", "fmha")),
-    ("cache stack, copies, memsets", ("stack", "Memcpy", "Memset", "elementwise_kernel", "copy")),
+    ("cache stack, copies, memsets", ("stack",)),
     ("GELU (own kernel)", ("gelu",)),
-    ("other Triton (norms, modulation, conv frames, residuals)", ("triton_",)),
+)
+VENDOR_CLASSES = (
+    ("attention (cuDNN / flash)", ("sdpa", "flash", "fmha")),
+    ("cache stack, copies, memsets", ("Memcpy", "Memset", "elementwise_kernel", "copy")),
+    # cuDNN's convolutions (implicit GEMMs, its CUTLASS fprop kernels) and the layout changes it makes
+    ("convolutions (cuDNN)", ("conv", "implicit", "fprop", "winograd", "ToNhwc", "ToNchw")),
+    ("matrix products (cuBLAS)", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
 )
 OTHER = "other named kernels"
 REST = "outside the 40 largest names"
+ROWS = ("matrix products (cuBLAS)", "matrix products (Triton templates)", "convolutions (cuDNN)",
+        "attention (cuDNN / flash)", "cache stack, copies, memsets", "GELU (own kernel)", OTHER_TRITON, OTHER, REST)
 
 
 def classify(name: str) -> str:
-    for cls, keys in CLASSES:
+    triton = name.startswith("triton_")
+    for cls, keys in TRITON_CLASSES if triton else VENDOR_CLASSES:
         if any(k in name for k in keys):
             return cls
-    return OTHER
+    return OTHER_TRITON if triton else OTHER
+
+
+def profile_kernels(fn, top: int = 40) -> dict:
+    """The CUDA kernels of one call of `fn` (torch.profiler): their count, summed time and mean,
+    and the `top` names by time with their counts (names cut at 90 characters): the "profile"
+    object of cfm_profile.py's JSON, which `table` reads."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.device_time for e in kernels)
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        s = by_name.setdefault(e.name[:90], [0, 0.0])
+        s[0] += 1
+        s[1] += e.device_time
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernels_per_solve": len(kernels), "kernel_ms_per_solve": total_us / 1e3,
+            "mean_kernel_us": total_us / max(1, len(kernels)),
+            "top": [{"name": n, "count": c, "ms": t / 1e3} for n, (c, t) in ranked]}
 
 
 def table(paths: list[Path]) -> str:
@@ -47,7 +79,7 @@ def table(paths: list[Path]) -> str:
         named_ms = sum(v[1] for v in by.values())
         by[REST] = [prof["kernels_per_solve"] - named_n, prof["kernel_ms_per_solve"] - named_ms]
         cols.append((p, prof, by))
-    rows = [c for c, _ in CLASSES] + [OTHER, REST]
+    rows = [r for r in ROWS if any(r in by for _, _, by in cols)]      # classes no column has: no row
     head = "| kernels per solve: class | " + " | ".join(f"`{p.name}`" for p, _, _ in cols) + " |"
     out = [head, "|---" * (len(cols) + 1) + "|"]
     for r in rows:
