@@ -289,7 +289,8 @@ class _Run:
                 model_digest=self.model.digest, key_id=pk.key.id, backend=self.profile.backend,
                 backend_version=m.backend.version, torch_version=torch.__version__, device=m.device,
                 precision=m.precision, build_options=self.build_options, weights_layout=weights_layout(unit),
-                artifact_keys=[p.key.id for p in pks] if len(pks) > 1 else None)
+                artifact_keys=[p.key.id for p in pks] if len(pks) > 1 else None,
+                revision=SPECS[pk.key.component].revisions.get(self.profile.backend, 0))
         return units
 
     def reuse(self, pks: list[PlannedKey]) -> bool:

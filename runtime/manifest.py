@@ -29,12 +29,12 @@ from c2w.runtime.precision import load_at_precision, set_tf32
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-# Part of every artifact's identity: bump it when artifacts built by an older c2w must be rebuilt.
-# Independent of FORMAT_VERSION: a manifest field changing does not change an artifact.
+# Part of every artifact's identity: bump it when every artifact built by an older c2w must be
+# rebuilt; a change to one unit's artifacts from one backend bumps that unit's `revisions` instead
+# (runtime/units.py), so the others are kept. Independent of FORMAT_VERSION: a manifest field
+# changing does not change an artifact.
 # 2: a CFM step package takes the step's index (int64), not its time (the modulation is a table).
-# 3: on CUDA the DiT MLP's first product takes its bias and GELU in cuBLASLt's epilogue; a CFM
-#    package built before computes the same function without it, slower (benchmarks/h200, run 15).
-ARTIFACT_FORMAT = 3
+ARTIFACT_FORMAT = 2
 MANIFEST = "manifest.json"
 
 
@@ -337,12 +337,14 @@ def file_sha256(path: Path) -> str:
 
 def entry_identity(*, model_digest: str, key_id: str, backend: str, backend_version: str,
                    torch_version: str, device: str, precision: dict, build_options: dict | None = None,
-                   weights_layout: dict | None = None, artifact_keys: list[str] | None = None) -> str:
+                   weights_layout: dict | None = None, artifact_keys: list[str] | None = None,
+                   revision: int = 0) -> str:
     """Canonical hash of everything that determines one artifact: equal identity => reusable.
     `build_options` (a builder's settings such as the AOTI builder's extra Inductor configs),
-    `weights_layout` (strides of weights not stored contiguously, runtime.verify.weights_layout)
-    and `artifact_keys` (the ids of the keys sharing one artifact, in its order: a TensorRT plan's
-    profiles) count only when given."""
+    `weights_layout` (strides of weights not stored contiguously, runtime.verify.weights_layout),
+    `artifact_keys` (the ids of the keys sharing one artifact, in its order: a TensorRT plan's
+    profiles) and `revision` (the unit's revision for the backend, UnitSpec.revisions) count only
+    when given."""
     fields = {"model": model_digest, "key": key_id, "backend": backend, "backend_version": backend_version,
               "torch": torch_version, "device": device, "precision": precision, "format": ARTIFACT_FORMAT}
     if build_options:
@@ -351,5 +353,7 @@ def entry_identity(*, model_digest: str, key_id: str, backend: str, backend_vers
         fields["weights_layout"] = weights_layout
     if artifact_keys:
         fields["artifact_keys"] = list(artifact_keys)
+    if revision:
+        fields["revision"] = revision
     blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -164,6 +164,9 @@ class UnitSpec:
     dynamic_axes: Callable[[ShapeKey, dict], dict] = lambda k, d: {}
     # keys of one graph variant share input names, ranks and static dims: one graph serves them
     graph_variant: Callable[[ShapeKey], str] = lambda k: k.component
+    # backend name -> the unit's revision there, part of its artifacts' identity: bump it when the
+    # unit's code changes what that backend builds in a way nothing else in the identity sees
+    revisions: dict = field(default_factory=dict)
 
     def module_key(self, key: ShapeKey) -> tuple:
         """Keys with equal module keys are served by one unit module (and one set of weights)."""
@@ -328,7 +331,11 @@ SPECS: dict[str, UnitSpec] = {
                                      extra=lambda cfg: {"cfm_step": True, "n_steps": cfg.n_timesteps}),
         cache_dims=("L",),
         dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
-        dynamic_axes=_cfm_dynamic),
+        dynamic_axes=_cfm_dynamic,
+        # AOTI 1: on CUDA the DiT MLP's first product takes its bias and GELU in cuBLASLt's
+        # epilogue; a package built before computes the same function without it, slower
+        # (benchmarks/h200/README.md, run 15). The ONNX graphs (ONNX Runtime, TensorRT) keep the ops.
+        revisions={"aoti": 1}),
     "hift": UnitSpec(
         name="hift", dim_names=("B", "F", "S"),
         output_names=("speech", "source"),

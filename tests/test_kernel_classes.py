@@ -42,6 +42,13 @@ def test_hift_kernels_fall_in_their_class():
     assert c("cutlass__5x_cudnn::Kernel<cutlass_tensorop_f16_s16816fprop_optimized_f16>") == "convolutions (cuDNN)"
     assert c("void cudnn::engines_precompiled::nchwToNhwcKernel<__half>") == "convolutions (cuDNN)"
     assert c("triton_poi_fused_add_convolution_mul_sin_3").startswith("other Triton")
+    assert c("triton_poi_fused__to_copy_add_mul_slice_sub_transpose_view_27") == "cache stack, copies, memsets"
+    assert c("void at::native::convert_kernel<float>") == kernel_classes.OTHER
+
+
+def test_every_class_has_a_row():
+    classes = {c for c, _ in kernel_classes.TRITON_CLASSES + kernel_classes.VENDOR_CLASSES}
+    assert classes | {kernel_classes.OTHER_TRITON, kernel_classes.OTHER} <= set(kernel_classes.ROWS)
 
 
 def test_profile_kernels_counts_and_ranks_the_cuda_kernels_of_one_call(monkeypatch):

@@ -438,11 +438,15 @@ def compiled_variant(run: Run, name: str, base, cases, frame_counts):
     measure(run, name, "compile", comp, cases, compile_s)
     if a.kernels and dev.type == "cuda":
         case, (inputs, _) = next(iter(cases.items()))
-        prof = profile_kernels(lambda: comp(*inputs))
-        path = Path(a.out, f"hift_kernels_{name}.json")
-        path.write_text(json.dumps({"variant": name, "mode": "compile", "case": case, "profile": prof}, indent=1))
-        print(f"  {name} compiled, {case}: {prof['kernels_per_solve']} kernels, {prof['kernel_ms_per_solve']:.2f} ms "
-              f"of kernel time -> {path.name} (kernel_classes.py tabulates it)", flush=True)
+        try:
+            prof = profile_kernels(lambda: comp(*inputs))
+            path = Path(a.out, f"hift_kernels_{name}.json")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"variant": name, "mode": "compile", "case": case, "profile": prof}, indent=1))
+            print(f"  {name} compiled, {case}: {prof['kernels_per_solve']} kernels, {prof['kernel_ms_per_solve']:.2f} "
+                  f"ms of kernel time -> {path.name} (kernel_classes.py tabulates it)", flush=True)
+        except Exception as e:                 # noqa: BLE001 - the timed rows above still count
+            run.notes.append(f"{name} kernel profile failed: {type(e).__name__}: {str(e)[:200]}")
     del comp, mod
     torch._dynamo.reset()
 

@@ -21,14 +21,16 @@ OTHER_TRITON = "other Triton (norms, modulation, conv frames, residuals)"
 TRITON_CLASSES = (
     # Inductor's Triton GEMM templates (max_autotune), with whatever epilogue it fused into them
     ("matrix products (Triton templates)", ("triton_tem_",)),
-    ("cache stack, copies, memsets", ("stack",)),
+    # "copy": Inductor's fused casts (`_to_copy`) too, as the tables in h200/README.md count them
+    ("cache stack, copies, memsets", ("stack", "copy")),
     ("GELU (own kernel)", ("gelu",)),
 )
 VENDOR_CLASSES = (
     ("attention (cuDNN / flash)", ("sdpa", "flash", "fmha")),
     ("cache stack, copies, memsets", ("Memcpy", "Memset", "elementwise_kernel", "copy")),
     # cuDNN's convolutions (implicit GEMMs, its CUTLASS fprop kernels) and the layout changes it makes
-    ("convolutions (cuDNN)", ("conv", "implicit", "fprop", "winograd", "ToNhwc", "ToNchw")),
+    ("convolutions (cuDNN)", ("convolve", "conv1d", "conv2d", "depthwise", "implicit_gemm", "fprop", "winograd",
+                              "ToNhwc", "ToNchw")),
     ("matrix products (cuBLAS)", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
 )
 OTHER = "other named kernels"

@@ -165,6 +165,34 @@ def test_aoti_inductor_overrides_and_identity(monkeypatch):
     # weights stored in another memory layout make another artifact (AOTI binds them by pointer)
     assert entry_identity(**common) == entry_identity(**common, weights_layout={})
     assert entry_identity(**common) != entry_identity(**common, weights_layout={"w": [24, 1, 8]})
+    # a unit's revision for a backend makes another artifact; revision 0 is the identity as before
+    assert entry_identity(**common) == entry_identity(**common, revision=0) != entry_identity(**common, revision=1)
+
+
+def test_a_units_revision_rebuilds_its_keys_of_that_backend_only(tmp_path, monkeypatch):
+    """A revision of the CFM's AOTI artifacts (UnitSpec.revisions) changes the identity of the CFM
+    keys of AOTI exports and of nothing else, so an export keeps every other artifact."""
+    import dataclasses
+
+    import c2w.exporter.export as ex
+    from c2w.runtime.units import SPECS
+    seen = {}
+    real = ex.entry_identity
+
+    def spy(**kw):
+        seen[(kw["backend"], kw["key_id"].split("-")[0])] = kw["revision"]
+        return real(**kw)
+    monkeypatch.setattr(ex, "entry_identity", spy)
+
+    def not_built(builder, job, entries):                # the identities are what this test is about
+        for e in entries:
+            e.status, e.error = ex.Status.FAILED, "not built in this test"
+    monkeypatch.setattr(ex, "_build_group", not_built)
+    assert SPECS["cfm"].revisions == {"aoti": 1} and not SPECS["hift"].revisions and not SPECS["flow_encoder"].revisions
+    for backend in ("aoti", "onnxruntime"):
+        ex.export_profile(dataclasses.replace(small_profile(), backend=backend), tmp_path / backend)
+    assert seen == {("aoti", "cfm"): 1, ("aoti", "hift"): 0, ("aoti", "flow_encoder"): 0,
+                    ("onnxruntime", "cfm"): 0, ("onnxruntime", "hift"): 0, ("onnxruntime", "flow_encoder"): 0}
 
 
 BAD_PROFILES = [
