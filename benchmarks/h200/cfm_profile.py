@@ -12,7 +12,9 @@ With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor 
 DiT attention as it was before the att cache was written once (three concatenations per block
 and step), so both forms are measured in the same call; `--attn bthd` takes q's LayerNorm before
 its transpose (`bthd_attention_forward`). `--conv tap-sum` runs each convolution as one product
-over every row (conv_variants.py's `tap_sum_conv`) instead of the frame or per-tap products. `--triton-rows N --tiles A.json[,B.json]` builds
+over every row (conv_variants.py's `tap_sum_conv`) instead of the frame or per-tap products. The
+switches patch the model's classes, so eager and the float32 reference run them too (the same
+function: tests/test_dit_variants.py). `--triton-rows N --tiles A.json[,B.json]` builds
 with the fused Triton kernels of fused_dit.py for calls of at most N rows, fusing the products
 whose tuned tile (fused_tiles.py's results) beat the ops they replace (eager is timed without them), and
 the JSON has the mel's SNR against the float32 model, engine and eager float16.

@@ -81,9 +81,10 @@ def tap_sum_conv(conv, h):
     output feature o * k + j is tap j of channel o. Output frame t then sums tap j at row t + j.
     Why: at B=32 the per-tap products read three shifted slices of h, and Inductor copies each one
     contiguous first (three copies per convolution; before the second convolution the copies
-    also evaluate the Mish three times over). Here nothing is copied, and the shifted sum is
-    pointwise, so it fuses into whatever reads the output. The product has 2 more rows per
-    sequence: +1.3 % FLOPs at T=150."""
+    also evaluate the Mish three times over). Here h is read as it is. The cost moves to the
+    output: three times as wide, read by the shifted sum at a stride of three (pointwise, so it
+    fuses into whatever reads the convolution's output); and the product has 2 more rows per
+    sequence, +1.3 % FLOPs at T=150."""
     k = conv.kernel_size[0]
     t = h.shape[1] - k + 1
     w = conv.weight.permute(0, 2, 1)                                            # (c_out, k, c_in), a view
