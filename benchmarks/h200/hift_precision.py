@@ -6,7 +6,8 @@ built here, from outside the product code (runtime/ is not touched):
 
   precision (conv stack = conv_pre, ups, source_downs, source_resblocks, resblocks, conv_post)
     fp32        everything float32, TF32 off: the reference every SNR is taken against
-    tf32        float32 with TF32 on (cuDNN and cuBLAS): what h100.yaml serves (h200.yaml did up to run 13; it serves fp16-conv since)
+    tf32        float32 with TF32 on (cuDNN and cuBLAS): what h100.yaml serves (and h200.yaml up to
+                run 13; it serves fp16-conv since)
     bf16-stack  the whole conv stack in bf16 (weights, Snake alphas, activations, residual sums);
     fp16-stack  the mel and the STFT of the source cast on the way in, the output on the way out
     bf16-conv   only the convolutions in bf16/fp16: each casts its input and its output back, so
