@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.h200.kernel_classes import profile_kernels  # noqa: E402
 from c2w.exporter.bench.engines import timed  # noqa: E402
 from c2w.runtime.model.dit import CausalConvBlock, parts  # noqa: E402
 
@@ -104,14 +105,10 @@ def cudnn(blk, x, cache):
 
 
 def kernel_stats(fn, args) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(*args)
-        torch.cuda.synchronize()
-    ks = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    top = sorted(((e.device_time, e.name[:70]) for e in ks), reverse=True)[:3]
-    return {"kernels": len(ks), "kernel_us": round(sum(e.device_time for e in ks), 1),
-            "top": [{"us": round(t, 1), "name": n} for t, n in top]}
+    """Kernels of one call, their summed µs and the three names that took longest (kernel_classes.py)."""
+    prof = profile_kernels(lambda: fn(*args), top=3)
+    return {"kernels": prof["kernels_per_solve"], "kernel_us": round(prof["kernel_ms_per_solve"] * 1e3, 1),
+            "top": [{"us": round(k["ms"] * 1e3, 1), "name": k["name"][:70]} for k in prof["top"]]}
 
 
 def main() -> None:
