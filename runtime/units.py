@@ -332,10 +332,12 @@ SPECS: dict[str, UnitSpec] = {
         cache_dims=("L",),
         dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
         dynamic_axes=_cfm_dynamic,
-        # AOTI 1: on CUDA the DiT MLP's first product takes its bias and GELU in cuBLASLt's
-        # epilogue; a package built before computes the same function without it, slower
-        # (benchmarks/h200/README.md, run 15). The ONNX graphs (ONNX Runtime, TensorRT) keep the ops.
-        revisions={"aoti": 1}),
+        # Each revision computes the same function as the one before, faster; an artifact built
+        # before it is rebuilt. AOTI 1: on CUDA the DiT MLP's first product takes its bias and GELU
+        # in cuBLASLt's epilogue (benchmarks/h200/README.md, run 15; the ONNX graphs keep the ops).
+        # AOTI 2, ONNX Runtime 1, TensorRT 1: each DiT convolution is one product over its input
+        # rows with the taps summed shifted (CausalConvBlock._conv; run 17).
+        revisions={"aoti": 2, "onnxruntime": 1, "tensorrt": 1}),
     "hift": UnitSpec(
         name="hift", dim_names=("B", "F", "S"),
         output_names=("speech", "source"),

@@ -4,37 +4,23 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.h200.cfm_profile import bthd_attention_forward
-from benchmarks.h200.conv_variants import tap_sum_conv
+from benchmarks.h200.conv_variants import frame_conv, per_tap_conv
 from c2w.runtime.model.dit import Attention, CausalConvBlock
 
 TOL = dict(rtol=1e-5, atol=1e-5)     # float32: only the order of the sums differs
 
 
-def test_tap_sum_conv_is_the_causal_convolution_and_reads_the_weight_in_place():
+def test_the_convolution_forms_before_run_17_are_the_models_function():
+    """cfm_profile.py --conv frames / per-tap measure them against the model's form."""
     torch.manual_seed(0)
     blk = CausalConvBlock(16).eval()
     conv = blk.block[1]
     h = torch.randn(3, 9 + 2, 16)                                  # (b, T + k - 1, c)
     want = F.conv1d(h.transpose(1, 2), conv.weight, conv.bias).transpose(1, 2)
-    got = tap_sum_conv(conv, h)
-    assert got.shape == (3, 9, 16)
-    torch.testing.assert_close(got, want, **TOL)
-    for rows in (0, 1 << 40):                                      # the model's per-tap and frame products
-        blk.shifted_gemm_rows = rows
-        torch.testing.assert_close(blk._conv(conv, h), got, **TOL)
-    # the taps side by side are a view of the tap-major weight: an AOTI package binds it as it is
-    w = conv.weight.permute(0, 2, 1)
-    assert w.reshape(-1, w.shape[2]).data_ptr() == conv.weight.data_ptr() and w.is_contiguous()
-
-
-def test_the_block_with_tap_sum_convolutions_matches_the_block():
-    torch.manual_seed(1)
-    blk = CausalConvBlock(16).eval()
-    x, cache = torch.randn(2, 7, 16), torch.randn(2, 32, 2)
-    want = blk(x, cache)
-    blk._conv = tap_sum_conv
-    for g, w in zip(blk(x, cache), want, strict=True):
-        torch.testing.assert_close(g, w, **TOL)
+    for form in (frame_conv, per_tap_conv, blk._conv):
+        got = form(conv, h)
+        assert got.shape == (3, 9, 16)
+        torch.testing.assert_close(got, want, **TOL)
 
 
 def test_attention_with_q_normalized_before_its_transpose_matches_the_model():

@@ -11,8 +11,9 @@ With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor 
 (recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
 DiT attention as it was before the att cache was written once (three concatenations per block
 and step), so both forms are measured in the same call; `--attn bthd` takes q's LayerNorm before
-its transpose (`bthd_attention_forward`). `--conv tap-sum` runs each convolution as one product
-over every row (conv_variants.py's `tap_sum_conv`) instead of the frame or per-tap products. The
+its transpose (`bthd_attention_forward`). `--conv frames` or `--conv per-tap` runs each convolution
+in one of the model's forms before run 17 (conv_variants.py's `frame_conv`, `per_tap_conv`; the
+model took the frame product below 512 rows, the per-tap products from there on). The
 switches patch the model's classes, so eager and the float32 reference run them too (the same
 function: tests/test_dit_variants.py). `--triton-rows N --tiles A.json[,B.json]` builds
 with the fused Triton kernels of fused_dit.py for calls of at most N rows, fusing the products
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.h200.conv_variants import tap_sum_conv  # noqa: E402
+from benchmarks.h200.conv_variants import frame_conv, per_tap_conv  # noqa: E402
 from benchmarks.h200.kernel_classes import profile_kernels  # noqa: E402
 from c2w.exporter.backends.aoti import build_aoti  # noqa: E402
 from c2w.exporter.bench.engines import timed  # noqa: E402
@@ -77,6 +78,7 @@ def bthd_attention_forward(self, x, att_cache):
 
 
 ATTENTION = {"current": None, "legacy": legacy_attention_forward, "bthd": bthd_attention_forward}
+CONV = {"current": None, "frames": frame_conv, "per-tap": per_tap_conv}
 
 
 class _Model:
@@ -95,8 +97,8 @@ def main() -> None:
     ap.add_argument("--attn", choices=tuple(ATTENTION), default="current",
                     help="legacy: the DiT attention before the att cache was written once; bthd: q normalized "
                          "before its transpose")
-    ap.add_argument("--conv", choices=("current", "tap-sum"), default="current",
-                    help="tap-sum: each convolution as one product over every row, taps summed shifted")
+    ap.add_argument("--conv", choices=tuple(CONV), default="current",
+                    help="frames / per-tap: the model's convolution forms before run 17")
     ap.add_argument("--triton-rows", type=int, default=0,
                     help="build with the fused Triton DiT kernels of fused_dit.py up to this many rows; "
                          "eager is timed without them (needs --tiles)")
@@ -113,8 +115,8 @@ def main() -> None:
     dev = torch.device("cuda")
     if ATTENTION[a.attn]:
         Attention.forward = ATTENTION[a.attn]
-    if a.conv == "tap-sum":
-        CausalConvBlock._conv = lambda self, conv, h: tap_sum_conv(conv, h)
+    if CONV[a.conv]:
+        CausalConvBlock._conv = lambda self, conv, h: CONV[a.conv](conv, h)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     full = preset("full")
     cfg = dataclasses.replace(full, dit=dataclasses.replace(full.dit, depth=a.depth))
@@ -130,7 +132,7 @@ def main() -> None:
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(cfg, key, torch.Generator().manual_seed(0), device=dev)
     # the variant switches are part of the name: a `--phase time` call must find ITS build
-    switches = ([f"{a.attn}-attn"] if ATTENTION[a.attn] else []) + (["tap-sum"] if a.conv == "tap-sum" else []) \
+    switches = ([f"{a.attn}-attn"] if ATTENTION[a.attn] else []) + ([f"{a.conv}-conv"] if CONV[a.conv] else []) \
         + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
     name = "_".join([f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}", *switches, *([a.tag] if a.tag else [])])
     path = Path(f"/tmp/{name}.pt2")

@@ -6,21 +6,21 @@ stack that feeds the block's second convolution, ~40 MB of traffic, i.e. ~0.25 T
 tiled it over the k = 3 axis). This script times the whole CausalConvBlock (conv -> LayerNorm ->
 Mish -> conv, 2-frame caches) at full width, fp16, for the CFM's row counts (2B = 2 and 64; T = 50
 and 150), one formulation per row:
-  shipped      runtime.model.dit.CausalConvBlock as it is: frame product below SHIFTED_GEMM_ROWS
-               rows, per-tap products from there on
-  tap_major    the block forced to its frame product: frames (b, T, k * c), weight stored
-               (c_out, k, c_in)
-  per_tap      the block forced to its per-tap products (weight slices read as strided views)
+  shipped      runtime.model.dit.CausalConvBlock as it is: ONE product over all T + 2 rows against
+               the three taps' weights side by side (a view of the tap-major weight), then each
+               tap's outputs summed shifted by its offset (the model's form since run 17)
+  tap_major    the frame product: frames (b, T, k * c), weight stored (c_out, k, c_in)
+               (`frame_conv`; the model's form below 512 rows until run 17)
+  per_tap      one product per tap over shifted views, weight slices read as strided views
+               (`per_tap_conv`; the model's form from 512 rows on until run 17)
   chan_major   frames (b, T, c, k) = torch.stack(..., -1), contiguous weight: the form before
   stack_mid    frames torch.stack(..., -2), weight permuted once outside
   three_mm     three accumulated GEMMs over shifted views, weight slices made contiguous outside
   cudnn        F.conv1d in (b, c, T) layout (the form before the conv-as-GEMM change)
-  tap_sum      ONE product over all T + 2 rows against the three taps' weights side by side (a view
-               of the tap-major weight), then each tap's outputs summed shifted by its offset
-               (`tap_sum_conv`; cfm_profile.py --conv tap-sum builds it into the CFM engine)
 Usage (device): python3 benchmarks/h200/conv_variants.py [--out DIR]; prints a table, writes JSON.
 (results/run5_conv/table.txt is from 7d084f7, where the block always took the frame product: its
-`tap_major` row is this script's `tap_major` row; `shipped` and `per_tap` came later.)
+`tap_major` row is this script's `tap_major` row; `per_tap` came later, and its `shipped` row is
+this script's `tap_major`.)
 """
 from __future__ import annotations
 
@@ -74,26 +74,24 @@ def three_mm(blk, x, cache, pre):
     return conv(6, h2), new
 
 
-def tap_sum_conv(conv, h):
-    """Valid k-tap convolution over time of h (b, T + k - 1, c) -> (b, T, c_out), as one product.
-
-    The product runs over every row of h, contiguous as it is, against the k taps' weights side by
-    side: (c_out * k, c_in), a view of the tap-major weight (runtime.model.dit.tap_major_), so
-    output feature o * k + j is tap j of channel o. Output frame t then sums tap j at row t + j.
-    Why: at B=32 the per-tap products read three shifted slices of h, and Inductor copies each one
-    contiguous first (three copies per convolution; before the second convolution the copies
-    also evaluate the Mish three times over). Here h is read as it is. The cost moves to the
-    output: three times as wide, read by the shifted sum at a stride of three (pointwise, so it
-    fuses into whatever reads the convolution's output); and the product has 2 more rows per
-    sequence, +1.3 % FLOPs at T=150."""
+def frame_conv(conv, h):
+    """One product over the frames [t, t + k) side by side: (b, T, k * c) @ (c_out, k * c)."""
     k = conv.kernel_size[0]
     t = h.shape[1] - k + 1
     w = conv.weight.permute(0, 2, 1)                                            # (c_out, k, c_in), a view
-    y = F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (w.shape[0], k))  # (b, T + k - 1, c_out, k)
-    out = y[:, 0:t, :, 0] + conv.bias
+    frames = torch.cat([h.narrow(1, j, t) for j in range(k)], dim=-1)
+    return F.linear(frames, w.flatten(1), conv.bias)
+
+
+def per_tap_conv(conv, h):
+    """k products, one per tap, over shifted views of h, summed."""
+    k = conv.kernel_size[0]
+    t = h.shape[1] - k + 1
+    w = conv.weight.permute(0, 2, 1)
+    y = F.linear(h.narrow(1, 0, t), w[:, 0], conv.bias)
     for j in range(1, k):
-        out = out + y[:, j:j + t, :, j]
-    return out
+        y = y + F.linear(h.narrow(1, j, t), w[:, j])
+    return y
 
 
 def cudnn(blk, x, cache):
@@ -124,9 +122,7 @@ def main() -> None:
     pre_mid = {i: blk.block[i].weight.permute(0, 2, 1).reshape(c, -1).contiguous() for i in (1, 6)}
     pre_mm = {i: [blk.block[i].weight[:, :, j].contiguous() for j in range(3)] for i in (1, 6)}
     frames_only, per_tap = copy.deepcopy(blk), copy.deepcopy(blk)
-    frames_only.shifted_gemm_rows, per_tap.shifted_gemm_rows = 1 << 40, 0
-    tap_sum = copy.deepcopy(blk)
-    tap_sum._conv = tap_sum_conv
+    frames_only._conv, per_tap._conv = frame_conv, per_tap_conv
     variants = {
         "shipped": lambda x, k: blk(x, k),
         "tap_major": lambda x, k: frames_only(x, k),
@@ -135,7 +131,6 @@ def main() -> None:
         "stack_mid": lambda x, k: stacked(blk, x, k, pre_mid, -2),
         "three_mm": lambda x, k: three_mm(blk, x, k, pre_mm),
         "cudnn": lambda x, k: cudnn(blk, x, k),
-        "tap_sum": lambda x, k: tap_sum(x, k),
     }
     rows = []
     with torch.inference_mode():

@@ -22,7 +22,8 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 
 def tap_major_(conv: nn.Conv1d) -> None:
     """Store conv.weight (c_out, c_in, k) in (c_out, k, c_in) memory order, values unchanged, so
-    that `weight.permute(0, 2, 1).flatten(1)` is a view (CausalConvBlock)."""
+    that `weight.permute(0, 2, 1).reshape(-1, c_in)`, the taps side by side, is a view
+    (CausalConvBlock)."""
     w = conv.weight
     conv.weight = nn.Parameter(w.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
 
@@ -151,35 +152,25 @@ class Attention(nn.Module):
         return self.proj(out), kv
 
 
-# Rows (2B x T) from which the DiT's convolutions run as one product per tap (CausalConvBlock._conv).
-# Measured on the H200 at 100 rows (frames: 21.6 us of kernels in 6 kernels, per-tap 23.6 us in
-# 11) and 9,600 rows (182 vs 109 us). A straight line through the two puts the crossover of
-# kernel time near 350 rows; 512 leaves room for the five extra kernels' gaps under CUDA graphs.
-# An estimate between two measured sizes, not a measured crossover.
-SHIFTED_GEMM_ROWS = 512
-
-
 class CausalConvBlock(nn.Module):
     """conv(k=3, causal) -> LayerNorm -> Mish -> conv(k=3, causal), each conv with a 2-frame cache.
 
     Indices 1, 3 and 6 of `block` hold the parameters so that keys match upstream
     (`conv.block.1`, `conv.block.3`, `conv.block.6`); the other slots are placeholders.
 
-    Each k=3 convolution runs as matrix products in the (b, T, c) layout the rest of the block
+    Each k=3 convolution runs as ONE matrix product in the (b, T, c) layout the rest of the block
     uses, not as a cuDNN convolution: on the H200, cuDNN converted input and weight to NHWC on
     every call, and the two convolutions took 37 % of the B=1 CFM's kernel time
-    (benchmarks/h200/README.md). Which products depends on the row count (`_conv`). Same
+    (benchmarks/h200/README.md). The product is over the input rows as they are, against the k
+    taps' weights side by side; the taps' outputs are then summed, shifted (`_conv`). Same
     function, same parameters.
 
-    The frames are laid out tap-major, (b, T, k * c): three contiguous row copies. (Channel-major
-    frames, (b, T, c, k), made Inductor tile over the k = 3 axis: 163 us instead of 103 us per
-    block-step at B=32 on the H200.) The matching weight order is (c_out, k, c_in), so each conv
-    weight keeps upstream's shape (c_out, c_in, k) but is STORED in (c_out, k, c_in) memory order
-    (`tap_major_`): the frame product and the per-tap products (`_conv`) read it as views, with
-    no copy per call. `load_state_dict`, `.to()` and `.half()` keep that order (`assign=True`
-    does not). Eagerly, a weight in another order only costs a copy per call; an AOTI package,
-    which binds weights by pointer, records the order it was built for and refuses another
-    (runtime/engines/aoti.py).
+    The taps' weights side by side are a view when each conv weight keeps upstream's shape
+    (c_out, c_in, k) but is STORED in (c_out, k, c_in) memory order (`tap_major_`), so there is
+    no weight copy per call. `load_state_dict`, `.to()` and `.half()` keep that order
+    (`assign=True` does not). Eagerly, a weight in another order only costs a copy per call; an
+    AOTI package, which binds weights by pointer, records the order it was built for and refuses
+    another (runtime/engines/aoti.py).
     """
 
     def __init__(self, channels: int, kernel: int = 3):
@@ -192,33 +183,28 @@ class CausalConvBlock(nn.Module):
         )
         for i in (1, 6):
             tap_major_(self.block[i])
-        self.shifted_gemm_rows = SHIFTED_GEMM_ROWS
 
     def _conv(self, conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
-        """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out).
+        """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out), as one product.
 
-        Below `shifted_gemm_rows` rows (b * T): ONE matrix product over the frames [t, t + k)
-        side by side, so that feature j * c + c_in meets weight[:, c_in, j]. From there on: k
-        products, one per tap, over shifted views of h, summed. Same function (in fp16 the k
-        rounded products add a little rounding: docs/numerics.md); the choice is made per exact
-        shape at export, and dynamic-shape exports always take the frame product. Why: Inductor
-        fuses the Mish before the second convolution into the frame copy and evaluates it k
-        times per element; at B=32 T=150 that copy took 103 us per block-step on the H200, and
-        the whole block as k products (contiguous weight slices) 109 us against 182; at B=1 the
-        k products cost five more small kernels (benchmarks/h200/README.md, run 5a)."""
+        The product reads every row of h as it is, against the weight viewed as (c_out * k, c_in),
+        so that output feature o * k + j is tap j of channel o; output frame t sums tap j at row
+        t + j. The shifted sum is pointwise and fuses into the kernel that reads the convolution's
+        output. The product has k - 1 rows more per sequence than the output (+1.3 % at T=150).
+        One form for every shape, static or dynamic. It replaced two earlier ones, both of which
+        made Inductor copy shifted slices of h contiguous before the products (three copies per
+        convolution, evaluating the Mish before the second convolution three times over): a
+        product over the frames [t, t + k) side by side, and one product per tap. On the H200
+        depth-2 proxy (benchmarks/h200/README.md, run 17a): B=32 T=150 11.50 -> 10.63 ms per
+        solve under graphs (11.57 -> 10.32 without), B=1 2.02 -> 1.82 ms."""
         k = conv.kernel_size[0]
-        b, t = h.shape[0], h.shape[1] - k + 1
+        t = h.shape[1] - k + 1
         w = conv.weight.permute(0, 2, 1)                                        # (c_out, k, c_in), a view
-        rows = b * t
-        # a symbolic size (an export with dynamic dims, e.g. the TensorRT graph) takes the frame
-        # product, which is right for every shape, and adds no guard on B or T
-        if isinstance(rows, int) and rows >= self.shifted_gemm_rows:
-            y = F.linear(h.narrow(1, 0, t), w[:, 0], conv.bias)
-            for j in range(1, k):
-                y = y + F.linear(h.narrow(1, j, t), w[:, j])
-            return y
-        frames = torch.cat([h.narrow(1, j, t) for j in range(k)], dim=-1)       # (b, T, k * c)
-        return F.linear(frames, w.flatten(1), conv.bias)
+        taps = F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (w.shape[0], k))  # (b, T + k - 1, c_out, k)
+        y = taps[:, 0:t, :, 0] + conv.bias
+        for j in range(1, k):
+            y = y + taps[:, j:j + t, :, j]
+        return y
 
     def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, c); cnn_cache: (b, 2c, 2) -> y (b, T, c), new cache (b, 2c, 2)."""
