@@ -26,7 +26,7 @@ def cfm_flops(cfg: ModelConfig, key: ShapeKey) -> int:
     rows = 2 * B * T
     block = (_linear(rows, d.hidden, 3 * inner) + _linear(rows, inner, d.hidden)       # q k v, proj
              + 2 * 2 * (2 * B) * d.heads * T * (T + L) * d.head_dim                      # scores, values
-             + 2 * _linear(rows, 3 * d.hidden, d.hidden)                                  # two k=3 convs
+             + 2 * _linear(2 * B * (T + 2), d.hidden, 3 * d.hidden)     # two k=3 convs: all taps over T + 2 rows
              + _linear(rows, d.hidden, mlp) + _linear(rows, mlp, d.hidden)
              + _linear(1, d.hidden, 9 * d.hidden))                                        # adaLN
     step = (_linear(rows, d.in_channels, d.hidden) + d.depth * block
