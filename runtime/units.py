@@ -360,7 +360,9 @@ SPECS: dict[str, UnitSpec] = {
                              "convolutions with TF32 off 48.6 dB"},
         dynamic_dims={"B": BATCH_RANGE},
         dynamic_axes=_hift_dynamic,
-        graph_variant=lambda k: f"hift-F{k.dim('F')}" + ("-cached" if k.dim("S") else "")),
+        graph_variant=lambda k: f"hift-F{k.dim('F')}" + ("-cached" if k.dim("S") else ""),
+        # AOTI 1: float16 convolutions as 2-D channels-last ones (runtime/model/hift.py, CastingConv1d)
+        revisions={"aoti": 1}),
 }
 
 

@@ -58,6 +58,19 @@ REFUSED_DTYPES = {
 }
 
 
+def _channels_last_convs() -> bool:
+    """Whether reduced-precision convolutions run as 2-D channels-last ones: outside an ONNX export
+    (TensorRT and ONNX Runtime choose their own layouts)."""
+    return not torch.onnx.is_in_onnx_export()
+
+
+def store_taps_between_channels_(conv: nn.Module) -> None:
+    """Store conv.weight (a, b, k) in (a, k, b) memory order, shape and values unchanged, so that
+    `weight.unsqueeze(2)` is a channels-last 2-D weight: cuDNN then reads it as it is."""
+    w = conv.weight
+    conv.weight = nn.Parameter(w.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
+
+
 class CastingConv1d(nn.Conv1d):
     """nn.Conv1d that computes in its weight's dtype and returns its input's dtype.
 
@@ -65,21 +78,37 @@ class CastingConv1d(nn.Conv1d):
     exactly (the dtype test is resolved when a graph is traced: no cast in a float32 graph). With
     float16 weights the input is rounded to float16, the convolution runs in float16 (cuDNN
     accumulates in float32) and its float16 output is widened back, so what follows stays float32.
+    In float16 it runs as a 2-D convolution over (B, C, 1, T) in channels-last layout, with the
+    weight stored to match (`HiftVocoder.set_precision`): given a 1-D convolution, PyTorch hands
+    cuDNN NCHW tensors, and cuDNN's float16 kernels turned each input to NHWC and each output
+    back, 7.5 of the B=32 HiFT's 20.3 ms on the H200 (benchmarks/h200/README.md, run 17b). The
+    output is (B, C_out, T') with channels-last strides; the ops after it keep that layout.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.weight.dtype:
             return super().forward(x)
-        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+        out_dtype, x = x.dtype, x.to(self.weight.dtype)
+        if not _channels_last_convs():
+            return super().forward(x).to(out_dtype)
+        y = F.conv2d(x.unsqueeze(2).contiguous(memory_format=torch.channels_last), self.weight.unsqueeze(2),
+                     self.bias, (1, self.stride[0]), (0, self.padding[0]), (1, self.dilation[0]), self.groups)
+        return y.squeeze(2).to(out_dtype)
 
 
 class CastingConvTranspose1d(nn.ConvTranspose1d):
-    """nn.ConvTranspose1d with CastingConv1d's dtype rule."""
+    """nn.ConvTranspose1d with CastingConv1d's dtype and layout rules."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.weight.dtype:
             return super().forward(x)
-        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+        out_dtype, x = x.dtype, x.to(self.weight.dtype)
+        if not _channels_last_convs():
+            return super().forward(x).to(out_dtype)
+        y = F.conv_transpose2d(x.unsqueeze(2).contiguous(memory_format=torch.channels_last), self.weight.unsqueeze(2),
+                               self.bias, (1, self.stride[0]), (0, self.padding[0]), (0, self.output_padding[0]),
+                               self.groups, (1, self.dilation[0]))
+        return y.squeeze(2).to(out_dtype)
 
 
 def _same_padding(kernel: int, dilation: int = 1) -> int:
@@ -374,6 +403,10 @@ class HiftVocoder(nn.Module):
                                f"one of {[str(d).removeprefix('torch.') for d in PRECISIONS]} ({why})")
         for m in self.precision_modules():
             m.to(dtype)
+            if dtype == torch.float16:
+                store_taps_between_channels_(m)       # read as it is by the channels-last convolution
+            else:
+                m.weight.data = m.weight.data.contiguous()
         return self
 
     # ---- eager-only validation (kept out of forward so the exported graph has no checks) ----

@@ -77,16 +77,16 @@ def test_casting_conv_is_the_plain_conv_at_float32_and_rounds_at_float16():
     assert y.dtype == torch.float32 and torch.equal(y, want)
 
 
-def test_float16_is_the_benchmarked_fp16_conv_variant_bit_for_bit(models):
-    """What benchmarks/h200/hift_precision.py measured as "fp16-conv" (48.6 dB, 22.6 ms on the
-    H200) is what the policy computes: the same casts around the same convolutions."""
+def test_float16_is_the_benchmarked_fp16_conv_nhwc_variant_bit_for_bit(models):
+    """What benchmarks/h200/hift_precision.py measures as "fp16-conv+nhwc" is what the policy
+    computes: the same casts around the same channels-last 2-D convolutions."""
     spec = importlib.util.spec_from_file_location("hift_precision", ROOT / "benchmarks" / "h200" / "hift_precision.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     h32, h16 = models
     for dims in ((1, 50, 0), (2, 58, 3840)):
         x = _inputs(dims, seed=3)
-        variant = bench.HiftVariant(h32, torch.float16, "conv", False, [dims[1]]).eval()
+        variant = bench.HiftVariant(h32, torch.float16, "conv", True, [dims[1]]).eval()
         with torch.inference_mode():
             for got, want in zip(variant(*x), h16(*x)):
                 assert torch.equal(got, want)
@@ -108,3 +108,32 @@ def test_the_unit_spec_supports_exactly_the_models_precisions():
     assert set(spec.refused_dtypes) == {"bfloat16"} and set(spec.tf32_off) == {"float16"}
     key = ShapeKey("hift", (1, 58, 3840), "float16")
     assert spec.input_dtypes(key) == (torch.float32,) * 3 and spec.output_dtypes(key) == (torch.float32,) * 2
+
+
+def test_float16_weights_are_stored_for_the_channels_last_convolutions_and_keep_that_order(models):
+    """Under float16 each conv weight (a, b, k) is stored in (a, k, b) memory order so that cuDNN
+    reads `weight.unsqueeze(2)` as the channels-last weight it is; loading a contiguous
+    checkpoint and moving the model keep the order; under float32 the weights are contiguous
+    again (the oracle parity's layout)."""
+    h32, h16 = models
+    fresh = HiftVocoder(h32.cfg).set_precision(torch.float16)
+    fresh.load_state_dict({k: v.contiguous().clone() for k, v in h16.state_dict().items()})
+    for m in fresh.to(torch.device("cpu")).precision_modules():
+        assert m.weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last), m
+        assert m.weight.permute(0, 2, 1).is_contiguous()
+    assert all(m.weight.is_contiguous() for m in fresh.set_precision(torch.float32).precision_modules())
+
+
+def test_onnx_graphs_keep_the_1d_convolutions(monkeypatch):
+    """TensorRT and ONNX Runtime choose their own layouts: inside an ONNX export the float16
+    convolution stays Conv1d, the same function."""
+    g = torch.Generator().manual_seed(0)
+    conv = CastingConv1d(4, 3, 3, padding=1).half()
+    x = torch.randn(2, 4, 9, generator=g)
+    with torch.no_grad():
+        two_d = conv(x)
+        monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+        calls = []
+        monkeypatch.setattr(torch.nn.functional, "conv2d", lambda *a, **k: calls.append(a))
+        one_d = conv(x)
+    assert not calls and torch.allclose(one_d, two_d, rtol=0, atol=1e-3)
