@@ -5,7 +5,8 @@ built with c2w's own AOTI path (exporter.backends.aoti.build_aoti) and loaded as
 (AOTIBackend: one CUDA graph per Euler step). Per batch size B (T=50, L=300, fp16):
   - median ms of the whole 10-step solve: eager, eager under one CUDA graph, engine (graphs)
   - torch.profiler over one solve of the engine WITHOUT graphs: kernels per solve, summed kernel
-    time (what a perfect launcher would cost), and the top kernels by time.
+    time (what a perfect launcher would cost), and the top kernels by time;
+  - the caching allocator's counters per ungraphed solve (requests served, device blocks taken).
 Usage (device): python3 benchmarks/h200/cfm_profile.py --batch 1 [--depth 2] [--tag NAME] > log
 With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor configs too
 (recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
@@ -79,6 +80,22 @@ def bthd_attention_forward(self, x, att_cache):
 
 ATTENTION = {"current": None, "legacy": legacy_attention_forward, "bthd": bthd_attention_forward}
 CONV = {"current": None, "frames": frame_conv, "per-tap": per_tap_conv}
+
+
+ALLOCATOR_COUNTS = ("allocation.all.allocated", "segment.all.allocated", "num_device_alloc", "num_device_free",
+                    "num_alloc_retries")
+
+
+def allocator_counts(solve, dev, solves: int = 10) -> dict:
+    """The caching allocator's counters over `solves` calls of `solve`, per call: requests it served
+    (allocation), blocks it took from the device (segment, num_device_alloc), gave back, retried."""
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_stats(dev)
+    for _ in range(solves):
+        solve()
+    torch.cuda.synchronize(dev)
+    after = torch.cuda.memory_stats(dev)
+    return {k: (after.get(k, 0) - before.get(k, 0)) / solves for k in ALLOCATOR_COUNTS}
 
 
 class _Model:
@@ -181,6 +198,7 @@ def main() -> None:
         del unit32, mel32
         plain = AOTIBackend(cuda_graphs=False).load(info, weights, dev)
         res["engine"] = timed(lambda: plain.run(x), dev, 3, a.reps)
+        res["allocator_per_solve"] = allocator_counts(lambda: plain.run(x), dev)
         try:
             res["profile"] = profile_kernels(lambda: plain.run(x))
         except Exception as exc:          # noqa: BLE001 - profiler API drift: the timings above still count
@@ -193,6 +211,7 @@ def main() -> None:
           f"{res['engine_graph']['median_ms']:.2f}; {p['kernels_per_solve']} kernels/solve, kernel time "
           f"{p['kernel_ms_per_solve']:.2f} ms, mean {p['mean_kernel_us']:.1f} us; build {build_s:.0f} s; mel SNR vs fp32 "
           f"{res['mel_snr_db_vs_fp32']:.1f} dB (eager fp16 {res['eager_mel_snr_db_vs_fp32']:.1f})", flush=True)
+    print("   allocator per ungraphed solve: " + ", ".join(f"{k} {v:g}" for k, v in res["allocator_per_solve"].items()))
     for t in p["top"][:8]:
         print(f"   {t['count']:5d} x  {t['ms']:7.3f} ms  {t['name']}")
 
