@@ -332,8 +332,9 @@ SPECS: dict[str, UnitSpec] = {
         cache_dims=("L",),
         dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
         dynamic_axes=_cfm_dynamic,
-        # Each revision computes the same function as the one before, faster; an artifact built
-        # before it is rebuilt. AOTI 1: on CUDA the DiT MLP's first product takes its bias and GELU
+        # Each revision computes the same function as the one before (faster where measured: on
+        # AOTI, benchmarks/h200/README.md; the ONNX Runtime and TensorRT forms are rebuilt with it,
+        # their speed unmeasured); an artifact built before it is rebuilt. AOTI 1: on CUDA the DiT MLP's first product takes its bias and GELU
         # in cuBLASLt's epilogue (benchmarks/h200/README.md, run 15; the ONNX graphs keep the ops).
         # AOTI 2, ONNX Runtime 1, TensorRT 1: each DiT convolution is one product over its input
         # rows with the taps summed shifted (CausalConvBlock._conv; run 17).

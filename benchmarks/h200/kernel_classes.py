@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-OTHER_TRITON = "other Triton (norms, modulation, conv frames, residuals)"
+OTHER_TRITON = "other Triton (norms, modulation, conv taps' sums, residuals)"
 # First match wins: (class, substrings of the kernel name). Inductor's kernels (named triton_...)
 # are told apart by their names' fused ops; a vendor kernel by its library's naming.
 TRITON_CLASSES = (

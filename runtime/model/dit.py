@@ -193,7 +193,8 @@ class CausalConvBlock(nn.Module):
         output. The product has k - 1 rows more per sequence than the output (+1.3 % at T=150).
         One form for every shape, static or dynamic. It replaced two earlier ones, both of which
         made Inductor copy shifted slices of h contiguous before the products (three copies per
-        convolution, evaluating the Mish before the second convolution three times over): a
+        convolution for the per-tap form, evaluating the Mish before the second convolution three
+        times over; one three-wide frame copy for the frame form): a
         product over the frames [t, t + k) side by side, and one product per tap. On the H200
         depth-2 proxy (benchmarks/h200/README.md, run 17a): B=32 T=150 11.50 -> 10.63 ms per
         solve under graphs (11.57 -> 10.32 without), B=1 2.02 -> 1.82 ms."""
