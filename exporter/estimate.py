@@ -121,7 +121,9 @@ def _encoder(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]
 
 def _cfm_step(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]:
     """Outputs of one Euler step: x (B, 80, T) f32, cnn cache (depth, 2B, 2 hidden, 2), att cache
-    (depth, 2B, heads, L + T, 2 head_dim)."""
+    (depth, 2B, heads, L + T, 2 head_dim). The step the exporter builds now returns only the
+    chunk's T frames of the att cache (runtime.units.CFMStepUnit); the fit's measurements (runs
+    10-11) are of the step that returned all L + T, and so is this, until a run measures the new one."""
     d, (B, T, L), dt = cfg.dit, key.dims, dtype_of(key.dtype)
     att = tensor_bytes((d.depth, 2 * B, d.heads, L + T, 2 * d.head_dim), dt)
     out = att + tensor_bytes((B, cfg.mel_bins, T), torch.float32) + tensor_bytes((d.depth, 2 * B, 2 * d.hidden, 2), dt)

@@ -104,14 +104,17 @@ class CFMUnit(nn.Module):
 
 class CFMStepUnit(nn.Module):
     """One Euler step of the CFM unit (the step's index as a (1,) int64 tensor, dt as a (1,) float32
-    one): what the AOTI backend compiles and replays n times (runtime.engines.aoti.EulerReplay)."""
+    one): what the AOTI backend compiles and replays n times (runtime.engines.aoti.EulerReplay).
+    Its new attention cache is the chunk's T frames only; the replay writes them and the step's
+    input cache after them straight into the solve's output, which saves the compiled step a copy
+    of the whole cache into its output and the replay another out of it."""
 
     def __init__(self, model):
         super().__init__()
         self.solver = model.flow.solver()
 
     def forward(self, mu, spk, cond, x, cnn_cache, att_cache, s, dt):
-        return self.solver.step(mu, spk, cond, x, cnn_cache, att_cache, s, dt)
+        return self.solver.step(mu, spk, cond, x, cnn_cache, att_cache, s, dt, chunk_frames_only=True)
 
 
 class HiftUnit(nn.Module):
@@ -328,7 +331,8 @@ SPECS: dict[str, UnitSpec] = {
         rtol=_MIXED,
         # AOTI compiles one Euler step and the runtime replays it n_steps times (docs/aoti.md)
         export_variant=ExportVariant(build=lambda model: CFMStepUnit(model), inputs=_cfm_step_inputs,
-                                     extra=lambda cfg: {"cfm_step": True, "n_steps": cfg.n_timesteps}),
+                                     extra=lambda cfg: {"cfm_step": True, "n_steps": cfg.n_timesteps,
+                                                        "step_att": "chunk_frames"}),
         cache_dims=("L",),
         dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
         dynamic_axes=_cfm_dynamic,
@@ -338,7 +342,8 @@ SPECS: dict[str, UnitSpec] = {
         # in cuBLASLt's epilogue (benchmarks/h200/README.md, run 15; the ONNX graphs keep the ops).
         # AOTI 2, ONNX Runtime 1, TensorRT 1: each DiT convolution is one product over its input
         # rows with the taps summed shifted (CausalConvBlock._conv; run 17).
-        revisions={"aoti": 2, "onnxruntime": 1, "tensorrt": 1}),
+        # AOTI 3: the step returns only the chunk's frames of its attention cache (step_att; run 18c).
+        revisions={"aoti": 3, "onnxruntime": 1, "tensorrt": 1}),
     "hift": UnitSpec(
         name="hift", dim_names=("B", "F", "S"),
         output_names=("speech", "source"),

@@ -31,7 +31,7 @@ from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool, as_list
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.dit import euler_schedule
-from c2w.runtime.units import tensor_bytes
+from c2w.runtime.units import copy_bytes, tensor_bytes
 
 
 class EulerReplay:
@@ -39,30 +39,36 @@ class EulerReplay:
 
     Each step's outputs are written once, straight into the stacked (steps, ...) caches the
     solve returns (a graphed step copies its static outputs there; a plain package's fresh
-    outputs are copied there). Nothing a step returns is kept: a package loaded with
+    outputs are copied there). A step built with `chunk_frames` (manifest extra "step_att":
+    "chunk_frames", runtime.units.CFMStepUnit) returns of its new attention cache only the
+    chunk's T frames; the frames after them are the step's input cache as it came in, copied
+    there from the input once. Nothing a step returns is kept: a package loaded with
     run_single_threaded=True may hand back the same buffers on every call.
     """
 
-    def __init__(self, step, n_steps: int, device: torch.device):
-        self.step = step
+    def __init__(self, step, n_steps: int, device: torch.device, chunk_frames: bool = False):
+        self.step, self.chunk_frames = step, chunk_frames
         _, dts = euler_schedule(n_steps)
         self.s = [torch.tensor([s], dtype=torch.int64, device=device) for s in range(n_steps)]
         self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
 
     def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache):
+        T, L = mu.shape[2], att_cache.shape[-2]
         att_shape = list(att_cache.shape)
-        att_shape[-2] += mu.shape[2]                       # the chunk's frames join the cache
+        att_shape[-2] += T                                 # the chunk's frames join the cache
         x = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)
         cnn_out, att_out = torch.empty_like(cnn_cache), att_cache.new_empty(att_shape)
+        if self.chunk_frames:           # upstream order: the chunk's frames first, then the cache
+            copy_bytes(att_out.narrow(-2, T, L), att_cache)
         x_in = x0
         for s in range(len(self.s)):
             args = (mu, spk, cond, x_in, cnn_cache[s], att_cache[s], self.s[s], self.dt[s])
-            outs = (x, cnn_out[s], att_out[s])
+            outs = (x, cnn_out[s], att_out[s].narrow(-2, 0, T) if self.chunk_frames else att_out[s])
             if isinstance(self.step, CapturedCall):
                 self.step(*args, out=outs)
             else:
                 for dst, src in zip(outs, as_list(self.step(*args))):
-                    dst.copy_(src)
+                    copy_bytes(dst, src)
             x_in = x
         return x, cnn_out, att_out
 
@@ -202,5 +208,6 @@ class AOTIBackend(Backend):
             keep.append(table)
         fn = CapturedCall(runner, *graph_inputs(info), device, self.pool(device)) if graphed else runner
         if (info.extra or {}).get("cfm_step"):
-            fn = EulerReplay(fn, int(info.extra.get("n_steps", 10)), device)
+            fn = EulerReplay(fn, int(info.extra.get("n_steps", 10)), device,
+                             chunk_frames=info.extra.get("step_att") == "chunk_frames")
         return AOTIEngine(info, fn, device, keep)

@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from c2w.runtime.units import copy_bytes
+
 
 def as_list(out) -> list[torch.Tensor]:
     """A function's outputs as a list: one tensor, or a tuple/list of them."""
@@ -165,7 +167,7 @@ class CapturedCall:
             self.graph.replay()
             if out is not None:
                 for dst, src in zip(out, self.outputs):
-                    dst.copy_(src)
+                    copy_bytes(dst, src)
             else:
                 out = [o.clone() for o in self.outputs] if clone else list(self.outputs)
             pool.done.record(stream)

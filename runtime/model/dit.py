@@ -313,16 +313,21 @@ class DiT(nn.Module):
         mods = [block.adaLN_modulation(temb) for block in self.blocks] + [self.final_layer.adaLN_modulation(temb)]
         return torch.cat(mods, dim=-1)
 
-    def modulated(self, h_in: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor):
-        """`forward` given the modulation of its time (1, depth * 9 * hidden + 2 * hidden)."""
+    def modulated(self, h_in: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor,
+                  chunk_frames_only: bool = False):
+        """`forward` given the modulation of its time (1, depth * 9 * hidden + 2 * hidden).
+        chunk_frames_only: return of each new attention cache only the chunk's own frames, its
+        first T (depth, 2B, heads, T, 2*head_dim): the rest is the input cache, unchanged, which a
+        caller that keeps it can place itself instead of receiving a copy (the AOTI step replay)."""
         width = 9 * self.cfg.hidden
+        T = h_in.shape[2]
         mod = mod.unsqueeze(1)
         x = self.in_proj(h_in.transpose(1, 2))
         cnns, atts = [], []
         for i, block in enumerate(self.blocks):
             x, c, a = block.modulated(x, mod.narrow(-1, i * width, width), cnn_cache[i], att_cache[i])
             cnns.append(c)
-            atts.append(a)
+            atts.append(a.narrow(2, 0, T) if chunk_frames_only else a)
         final = mod.narrow(-1, len(self.blocks) * width, 2 * self.cfg.hidden)
         v = self.final_layer.modulated(x, final).transpose(1, 2)
         return v, torch.stack(cnns), torch.stack(atts)
@@ -349,13 +354,14 @@ class CFMSolver(nn.Module):
             table = estimator.modulation(torch.tensor(self.ts, dtype=torch.float32, device=w.device))
         self.register_buffer("modulation_table", table, persistent=False)
 
-    def step(self, mu, spk, cond, x, cnn_cache, att_cache, s, dt):
+    def step(self, mu, spk, cond, x, cnn_cache, att_cache, s, dt, chunk_frames_only: bool = False):
         """Euler step `s` with guidance: x (B, 80, T) float32 -> x + dt * v_guided.
 
         mu, cond: (B, 80, T) float32; spk: (B, 192) float32 raw embedding; caches of THIS step:
         cnn (depth, 2B, 2*hidden, 2), att (depth, 2B, heads, L, 2*head_dim); s: the step's index, a
         Python int or a (1,) int64 tensor (one compiled step serves all of them); dt: a Python
-        float or a (1,) float32 tensor. -> (x_next, new cnn cache, new att cache).
+        float or a (1,) float32 tensor. -> (x_next, new cnn cache, new att cache (depth, 2B, heads,
+        T + L, 2*head_dim), or with chunk_frames_only its first T frames: DiT.modulated).
         """
         wdtype = self.estimator.in_proj.weight.dtype
         T = mu.shape[2]
@@ -370,7 +376,7 @@ class CFMSolver(nn.Module):
         ], dim=1)                                                                     # (2B, 320, T)
         table = self.modulation_table
         mod = table.narrow(0, s, 1) if isinstance(s, int) else table.index_select(0, s)
-        v, c, a = self.estimator.modulated(h_in, mod, cnn_cache, att_cache)
+        v, c, a = self.estimator.modulated(h_in, mod, cnn_cache, att_cache, chunk_frames_only)
         v_cond, v_uncond = parts(v.float(), 2, 0)
         return x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond), c, a
 

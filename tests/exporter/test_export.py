@@ -125,7 +125,7 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
         # the load-crash signature (a statically linked libstdc++ in the model .so) is refused
         assert static_libstdcxx_objects(tmp_path / "aoti" / e.artifact) == []
     cfm = built["cfm-B1-T50-L150-float32"]
-    assert cfm.extra["cfm_step"] is True
+    assert cfm.extra["cfm_step"] is True and cfm.extra["step_att"] == "chunk_frames"   # the chunk's frames of the att cache
     # the package records the layout of the weights it binds by pointer (the DiT's tap-major conv
     # weights), and refuses the same values in another layout
     from c2w.runtime.engines.aoti import AOTIBackend
@@ -188,11 +188,11 @@ def test_a_units_revision_rebuilds_its_keys_of_that_backend_only(tmp_path, monke
         for e in entries:
             e.status, e.error = ex.Status.FAILED, "not built in this test"
     monkeypatch.setattr(ex, "_build_group", not_built)
-    assert SPECS["cfm"].revisions == {"aoti": 2, "onnxruntime": 1, "tensorrt": 1}
+    assert SPECS["cfm"].revisions == {"aoti": 3, "onnxruntime": 1, "tensorrt": 1}
     assert SPECS["hift"].revisions == {"aoti": 1} and not SPECS["flow_encoder"].revisions
     for backend in ("aoti", "onnxruntime"):
         ex.export_profile(dataclasses.replace(small_profile(), backend=backend), tmp_path / backend)
-    assert seen == {("aoti", "cfm"): 2, ("aoti", "hift"): 1, ("aoti", "flow_encoder"): 0,
+    assert seen == {("aoti", "cfm"): 3, ("aoti", "hift"): 1, ("aoti", "flow_encoder"): 0,
                     ("onnxruntime", "cfm"): 1, ("onnxruntime", "hift"): 0, ("onnxruntime", "flow_encoder"): 0}
 
 

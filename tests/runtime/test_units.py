@@ -66,11 +66,32 @@ def test_eager_runner_and_engine_cache_share_one_module_per_module_key(model, tm
     assert sorted(cache._weights) == [("flow_encoder", 0), ("flow_encoder", 1)]
 
 
+def test_the_step_of_chunk_frames_replayed_is_the_whole_solve(model):
+    """AOTI's CFM step returns of each new attention cache only the chunk's T frames; EulerReplay
+    puts each step's input cache after them. Replayed over the eager step, the solve's three
+    outputs equal the unit's exactly (the same ops on the same inputs, CPU)."""
+    from c2w.runtime.engines.aoti import EulerReplay
+    cfg, spec = model.cfg, SPECS["cfm"]
+    inputs = spec.example_inputs(cfg, CFM)
+    T, L = inputs[0].shape[2], inputs[5].shape[-2]
+    assert L > 0
+    with torch.no_grad():
+        want = spec.build(model, CFM)(*inputs)
+        step = spec.export_variant.build(model)
+        _, _, att = step(*spec.export_variant.inputs(cfg, inputs))
+        assert att.shape == want[2].shape[1:-2] + (T, want[2].shape[-1])
+        got = EulerReplay(step, cfg.n_timesteps, torch.device("cpu"), chunk_frames=True)(*inputs)
+    assert [t.shape for t in got] == [t.shape for t in want]
+    for name, a, b in zip(spec.output_names, got, want):
+        assert torch.equal(a, b), name
+    assert torch.equal(got[2][..., T:, :], inputs[5])          # upstream order: the chunk first, then the cache
+
+
 def test_only_the_cfm_has_an_export_variant_one_euler_step(model):
     assert SPECS["flow_encoder"].export_variant is None and SPECS["hift"].export_variant is None
     variant = SPECS["cfm"].export_variant
     cfg = model.cfg
-    assert variant.extra(cfg) == {"cfm_step": True, "n_steps": cfg.n_timesteps}
+    assert variant.extra(cfg) == {"cfm_step": True, "n_steps": cfg.n_timesteps, "step_att": "chunk_frames"}
     assert isinstance(variant.build(model), CFMStepUnit)
     inputs = SPECS["cfm"].example_inputs(cfg, CFM)
     step = variant.inputs(cfg, inputs)

@@ -274,6 +274,38 @@ def test_tensorrt_engine_captures_on_first_call_and_again_after_the_scratch_grow
     assert engine._graph is None and graph.pool.retired
 
 
+def test_a_step_of_chunk_frames_replays_to_the_whole_cache(cuda):
+    """A step that returns only the chunk's frames of the new attention cache (the AOTI build's,
+    runtime.units.CFMStepUnit): EulerReplay writes them first and the step's input cache after
+    them, graphed or not, and gives what a step returning the whole cache gives."""
+    from c2w.runtime.engines.aoti import EulerReplay
+
+    def whole(mu, spk, cond, x, cnn, att, s, dt):
+        x_new = x + dt * (mu + cond + spk[..., None] * s)
+        return x_new, cnn * 0.5 + s, torch.cat([x_new.transpose(1, 2) * s, att], dim=1)
+
+    def chunk(*args):
+        x_new, cnn, att = whole(*args)
+        return x_new, cnn, att[:, :3].clone()             # T = 3 frames
+
+    shapes = [(1, 2, 3), (1, 2), (1, 2, 3), (1, 2, 3), (1, 4), (1, 5, 2), (1,), (1,)]
+    dtypes = [torch.float32] * 6 + [torch.int64, torch.float32]
+    want_of = EulerReplay(whole, 10, CPU)
+    replays = [EulerReplay(chunk, 10, CPU, chunk_frames=True),
+               EulerReplay(CapturedCall(cuda.kernel(chunk), shapes, dtypes, CPU), 10, CPU, chunk_frames=True)]
+    g = torch.Generator().manual_seed(3)
+    args = [torch.randn(s, generator=g) for s in shapes[:4]] + [
+        torch.randn(10, 1, 4, generator=g), torch.randn(10, 1, 5, 2, generator=g)]
+    want = want_of(*args)
+    for replay in replays:
+        got = replay(*args)
+        assert [tuple(t.shape) for t in got] == [(1, 2, 3), (10, 1, 4), (10, 1, 8, 2)]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert torch.equal(want[2][:, :, 3:], args[5])
+    replays[1].release()
+
+
 def test_the_cfm_replays_one_graph_per_euler_step(cuda):
     """AOTI's CFM: EulerReplay over ONE captured Euler step writes each step's outputs straight
     into the stacked caches, and matches the same step run without a graph on every input."""
