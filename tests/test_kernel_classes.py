@@ -42,7 +42,15 @@ def test_hift_kernels_fall_in_their_class():
     assert c("cutlass__5x_cudnn::Kernel<cutlass_tensorop_f16_s16816fprop_optimized_f16>") == "convolutions (cuDNN)"
     assert c("void cudnn::engines_precompiled::nchwToNhwcKernel<__half>") == "convolutions (cuDNN)"
     assert c("triton_poi_fused_add_convolution_mul_sin_3").startswith("other Triton")
-    assert c("triton_poi_fused__to_copy_add_mul_slice_sub_transpose_view_27") == "cache stack, copies, memsets"
+    # a cast fused into arithmetic is arithmetic (HiFT's Snake); a kernel of casts and moves alone is a copy
+    assert c("triton_poi_fused__to_copy_add_mul_slice_sub_transpose_view_27").startswith("other Triton")
+    assert c("triton_poi_fused__to_copy_add_clone_convolution_mul_pow_reciprocal_sin_unsqueeze_view_30").startswith("other")
+    assert c("triton_poi_fused__to_copy_3") == c("triton_poi_fused_clone_transpose_5") == kernel_classes.COPIES
+    assert c("triton_poi_fused_cat_clone_12") == kernel_classes.COPIES
+    # a name cut at 90 characters: its last, partial op does not decide
+    cut = ("triton_poi_fused__to_copy_clone_expand_permute_select_slice_squeeze_transpose_unsqueeze_vi")[:90]
+    assert len(cut) == 90 and c(cut) == kernel_classes.COPIES
+    assert c("triton_poi_fused__to_copy_add_clone_convolution_mul_pow_reciprocal_sin_unsqueeze_view_3xx"[:90]).startswith("other")
     assert c("void at::native::convert_kernel<float>") == kernel_classes.OTHER
 
 

@@ -13,21 +13,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
-OTHER_TRITON = "other Triton (norms, modulation, conv taps' sums, residuals)"
+OTHER_TRITON = "other Triton (norms, modulation, activations, residuals, conv taps' sums)"
+COPIES = "cache stack, copies, memsets"
 # First match wins: (class, substrings of the kernel name). Inductor's kernels (named triton_...)
 # are told apart by their names' fused ops; a vendor kernel by its library's naming.
 TRITON_CLASSES = (
     # Inductor's Triton GEMM templates (max_autotune), with whatever epilogue it fused into them
     ("matrix products (Triton templates)", ("triton_tem_",)),
-    # "copy": Inductor's fused casts (`_to_copy`) too, as the tables in h200/README.md count them
-    ("cache stack, copies, memsets", ("stack", "copy")),
     ("GELU (own kernel)", ("gelu",)),
 )
+# Inductor's ops that move or cast data without arithmetic: a Triton kernel that fused only these
+# is a copy. Before run 18 any name with "copy" in it counted as one, and with it every kernel
+# that fused a cast (`_to_copy`) into arithmetic (HiFT's Snake): tables up to run 18 count so.
+MOVES = ("_to_copy", "_unsafe_view", "clone", "stack", "cat", "copy", "view", "unsqueeze", "squeeze", "slice",
+         "select", "expand", "permute", "transpose", "constant_pad_nd", "narrow", "split", "fill", "zeros")
 VENDOR_CLASSES = (
     ("attention (cuDNN / flash)", ("sdpa", "flash", "fmha")),
-    ("cache stack, copies, memsets", ("Memcpy", "Memset", "elementwise_kernel", "copy")),
+    (COPIES, ("Memcpy", "Memset", "elementwise_kernel", "copy")),
     # cuDNN's convolutions (implicit GEMMs, its CUTLASS fprop kernels) and the layout changes it makes
     ("convolutions (cuDNN)", ("convolve", "conv1d", "conv2d", "depthwise", "implicit_gemm", "fprop", "winograd",
                               "ToNhwc", "ToNchw")),
@@ -36,7 +41,16 @@ VENDOR_CLASSES = (
 OTHER = "other named kernels"
 REST = "outside the 40 largest names"
 ROWS = ("matrix products (cuBLAS)", "matrix products (Triton templates)", "convolutions (cuDNN)",
-        "attention (cuDNN / flash)", "cache stack, copies, memsets", "GELU (own kernel)", OTHER_TRITON, OTHER, REST)
+        "attention (cuDNN / flash)", COPIES, "GELU (own kernel)", OTHER_TRITON, OTHER, REST)
+
+
+def only_moves(name: str) -> bool:
+    """Whether an Inductor kernel's name (triton_poi_fused_<ops>_<n>) lists data movement only."""
+    ops = re.sub(r"^triton_[a-z]+_(fused_)?", "", name)
+    ops = re.sub(r"_[^_]*$", "", ops) if len(name) >= NAME_CHARS else re.sub(r"_?\d+$", "", ops)  # a cut name's last op is partial
+    for op in sorted(MOVES, key=len, reverse=True):      # longest first: "_to_copy" before "copy"
+        ops = ops.replace(op, "")
+    return ops.strip("_") == ""
 
 
 def classify(name: str) -> str:
@@ -44,7 +58,12 @@ def classify(name: str) -> str:
     for cls, keys in TRITON_CLASSES if triton else VENDOR_CLASSES:
         if any(k in name for k in keys):
             return cls
-    return OTHER_TRITON if triton else OTHER
+    if triton:
+        return COPIES if only_moves(name) else OTHER_TRITON
+    return OTHER
+
+
+NAME_CHARS = 90          # profile_kernels keeps this much of a kernel's name
 
 
 def profile_kernels(fn, top: int = 40) -> dict:
@@ -60,7 +79,7 @@ def profile_kernels(fn, top: int = 40) -> dict:
     total_us = sum(e.device_time for e in kernels)
     by_name: dict[str, list] = {}
     for e in kernels:
-        s = by_name.setdefault(e.name[:90], [0, 0.0])
+        s = by_name.setdefault(e.name[:NAME_CHARS], [0, 0.0])
         s[0] += 1
         s[1] += e.device_time
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
