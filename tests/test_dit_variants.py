@@ -3,7 +3,7 @@ compute the model's function: a variant that is faster but wrong must not reach 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.h200.cfm_profile import bthd_attention_forward
+from benchmarks.h200.cfm_profile import bthd_attention_forward, split_attention_forward
 from benchmarks.h200.conv_variants import frame_conv, per_tap_conv
 from c2w.runtime.model.dit import Attention, CausalConvBlock
 
@@ -32,3 +32,18 @@ def test_attention_with_q_normalized_before_its_transpose_matches_the_model():
     assert got[1].shape == (2, 4, 11, 16)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, **TOL)
+
+
+def test_attention_split_over_chunk_and_cache_merged_by_log_sum_exp_matches_the_model():
+    """Two attention calls (the chunk's frames, the cache) merged by their log-sum-exps are one
+    attention over [chunk | cache]; also when one part dominates (a cache far from q or near it)."""
+    torch.manual_seed(3)
+    attn = Attention(32, 4, 8).eval()
+    x = torch.randn(2, 5, 32)
+    for scale in (1.0, 30.0):
+        cache = torch.randn(2, 4, 6, 16) * scale                  # keys far larger: softmax mass moves
+        want = attn(x, cache)
+        got = split_attention_forward(attn, x, cache)
+        assert got[1].shape == (2, 4, 11, 16)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, **TOL)

@@ -12,7 +12,9 @@ With C2W_AOTI_INDUCTOR='{...}' in the environment the build uses those Inductor 
 (recorded in the JSON); --tag names the variant in the output file. `--attn legacy` swaps in the
 DiT attention as it was before the att cache was written once (three concatenations per block
 and step), so both forms are measured in the same call; `--attn bthd` takes q's LayerNorm before
-its transpose (`bthd_attention_forward`). `--conv frames` or `--conv per-tap` runs each convolution
+its transpose (`bthd_attention_forward`); `--attn split` attends to the chunk's frames and to the
+cache in two calls merged by their log-sum-exps, with no [new | cache] concatenation
+(`split_attention_forward`). `--conv frames` or `--conv per-tap` runs each convolution
 in one of the model's forms before run 17 (conv_variants.py's `frame_conv`, `per_tap_conv`; the
 model took the frame product below 512 rows, the per-tap products from there on). The
 switches patch the model's classes, so eager and the float32 reference run them too (the same
@@ -78,7 +80,35 @@ def bthd_attention_forward(self, x, att_cache):
     return self.proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)), kv
 
 
-ATTENTION = {"current": None, "legacy": legacy_attention_forward, "bthd": bthd_attention_forward}
+def attention_with_lse(q, k, v):
+    """softmax(q k^T / sqrt(d)) v and its log-sum-exp (b, h, T, 1) float32, by the fused kernel
+    that PyTorch's attention calls on this device (cuDNN's on CUDA, which the engines use)."""
+    if q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    return out, lse.float().reshape(*q.shape[:3], 1)
+
+
+def split_attention_forward(self, x, att_cache):
+    """`runtime.model.dit.Attention.forward` without the [new | cache] concatenation before
+    attention (same values up to rounding): the chunk attends to its own frames and to the cache
+    in two calls, and the two outputs are merged by their log-sum-exps, o = o_new * sigmoid(lse_new
+    - lse_cache) + o_cache * sigmoid(lse_cache - lse_new). The returned cache is still [new |
+    cache]; the AOTI step keeps only its first T frames (the chunk-frames step), so Inductor never
+    reads the cache to build it."""
+    b, t, _ = x.shape
+    q, k, v = self.project(x)
+    q, k, v = self.q_norm(self._heads(q)), self.k_norm(self._heads(k)), self._heads(v)
+    o_new, lse_new = attention_with_lse(q, k, v)
+    o_cache, lse_cache = attention_with_lse(q, *parts(att_cache, 2, -1))
+    out = (o_new.float() * torch.sigmoid(lse_new - lse_cache) + o_cache.float() * torch.sigmoid(lse_cache - lse_new))
+    out = out.to(q.dtype).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+    return self.proj(out), torch.cat([torch.cat([k, v], dim=-1), att_cache], dim=2)
+
+
+ATTENTION = {"current": None, "legacy": legacy_attention_forward, "bthd": bthd_attention_forward,
+             "split": split_attention_forward}
 CONV = {"current": None, "frames": frame_conv, "per-tap": per_tap_conv}
 
 
