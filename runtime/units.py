@@ -336,10 +336,11 @@ SPECS: dict[str, UnitSpec] = {
         cache_dims=("L",),
         dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
         dynamic_axes=_cfm_dynamic,
-        # Each revision computes the same function as the one before (faster where measured: on
-        # AOTI, benchmarks/h200/README.md; the ONNX Runtime and TensorRT forms are rebuilt with it,
-        # their speed unmeasured); an artifact built before it is rebuilt. AOTI 1: on CUDA the DiT MLP's first product takes its bias and GELU
-        # in cuBLASLt's epilogue (benchmarks/h200/README.md, run 15; the ONNX graphs keep the ops).
+        # Each revision computes the same solve as the one before (faster where measured: on
+        # AOTI, benchmarks/h200/README.md; the ONNX Runtime and TensorRT forms are rebuilt with
+        # it, their speed unmeasured); an artifact built before it is rebuilt. AOTI 1: on CUDA
+        # the DiT MLP's first product takes its bias and GELU in cuBLASLt's epilogue
+        # (benchmarks/h200/README.md, run 15; the ONNX graphs keep the ops).
         # AOTI 2, ONNX Runtime 1, TensorRT 1: each DiT convolution is one product over its input
         # rows with the taps summed shifted (CausalConvBlock._conv; run 17).
         # AOTI 3: the step returns only the chunk's frames of its attention cache (step_att; run 18c).
@@ -367,8 +368,10 @@ SPECS: dict[str, UnitSpec] = {
         dynamic_dims={"B": BATCH_RANGE},
         dynamic_axes=_hift_dynamic,
         graph_variant=lambda k: f"hift-F{k.dim('F')}" + ("-cached" if k.dim("S") else ""),
-        # AOTI 1: float16 convolutions as 2-D channels-last ones (runtime/model/hift.py, CastingConv1d)
-        revisions={"aoti": 1}),
+        # AOTI 1: float16 convolutions as 2-D channels-last ones (runtime/model/hift.py, CastingConv1d).
+        # AOTI 2: the packages' float16 conv weights in the order those convolutions read (the
+        # model as loaded now goes through set_precision; AOTI 1 packages hold them contiguous).
+        revisions={"aoti": 2}),
 }
 
 

@@ -61,6 +61,9 @@ class Code2Wav:
         self.flow.to(device)
         self.hift.to(device)
         for comp, dtype in (precision or {}).items():
+            if comp == "hift":
+                self.hift.set_precision(dtype)       # float16 also stores the weights as its convolutions read them
+                continue
             for m in self.precision_modules(comp):
                 m.to(dtype)
         return self

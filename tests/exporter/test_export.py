@@ -102,17 +102,21 @@ def fewer_layers_checkpoint(directory) -> str:
 @pytest.mark.slow
 def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     """One AOTI key per unit (it compiles C++): the encoder's steady key, a CFM key built as one
-    Euler step that the runtime replays 10 times, and a HiFT key (it lifts constant tables);
+    Euler step that the runtime replays 10 times, and a float16 HiFT key (it lifts constant tables);
     chosen by priority + a budget with room for their estimates only (each key measuring its
     estimate here: any room left would build more keys). The model has fewer repeated layers than
     random:tiny: the C++ Inductor generates and compiles grows with the node count, and a repeated
     layer adds nodes, not kinds of nodes."""
     from c2w.exporter.backends.aoti import static_libstdcxx_objects
-    p = dataclasses.replace(small_profile(), model=fewer_layers_checkpoint(tmp_path / "model"))
+    p = small_profile()
+    # HiFT at its float16 policy: the package carries conv weights stored in the channels-last
+    # order (runtime/model/hift.py), which it must read as they are
+    p = dataclasses.replace(p, model=fewer_layers_checkpoint(tmp_path / "model"),
+                            precision=dataclasses.replace(p.precision, hift="float16"))
     model = load_model(p.model)
     weights = precision_weights(model, p)
     keys = (ShapeKey("flow_encoder", (1, 28, 150, 0), "float32"), ShapeKey("cfm", (1, 50, 150), "float32"),
-            ShapeKey("hift", (1, 58, 3840), "float32"))
+            ShapeKey("hift", (1, 58, 3840), "float16"))
     p = dataclasses.replace(p, backend="aoti", extra_keys=keys, priority=("extra", "steady", "first", "tail"))
     est = sum(e.est_bytes for e in make_plan(model.cfg, p, weights).entries if e.key in keys)
     p = dataclasses.replace(p, budget_bytes=sum(weights.values()) + est)
@@ -189,10 +193,10 @@ def test_a_units_revision_rebuilds_its_keys_of_that_backend_only(tmp_path, monke
             e.status, e.error = ex.Status.FAILED, "not built in this test"
     monkeypatch.setattr(ex, "_build_group", not_built)
     assert SPECS["cfm"].revisions == {"aoti": 3, "onnxruntime": 1, "tensorrt": 1}
-    assert SPECS["hift"].revisions == {"aoti": 1} and not SPECS["flow_encoder"].revisions
+    assert SPECS["hift"].revisions == {"aoti": 2} and not SPECS["flow_encoder"].revisions
     for backend in ("aoti", "onnxruntime"):
         ex.export_profile(dataclasses.replace(small_profile(), backend=backend), tmp_path / backend)
-    assert seen == {("aoti", "cfm"): 3, ("aoti", "hift"): 1, ("aoti", "flow_encoder"): 0,
+    assert seen == {("aoti", "cfm"): 3, ("aoti", "hift"): 2, ("aoti", "flow_encoder"): 0,
                     ("onnxruntime", "cfm"): 1, ("onnxruntime", "hift"): 0, ("onnxruntime", "flow_encoder"): 0}
 
 

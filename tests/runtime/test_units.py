@@ -66,17 +66,19 @@ def test_eager_runner_and_engine_cache_share_one_module_per_module_key(model, tm
     assert sorted(cache._weights) == [("flow_encoder", 0), ("flow_encoder", 1)]
 
 
-def test_the_step_of_chunk_frames_replayed_is_the_whole_solve(model):
+@pytest.mark.parametrize("key", [CFM, ShapeKey.named("cfm", "float32", B=1, T=30, L=0)], ids=["cache", "prompt"])
+def test_the_step_of_chunk_frames_replayed_is_the_whole_solve(model, key):
     """AOTI's CFM step returns of each new attention cache only the chunk's T frames; EulerReplay
     puts each step's input cache after them. Replayed over the eager step, the solve's three
-    outputs equal the unit's exactly (the same ops on the same inputs, CPU)."""
+    outputs equal the unit's exactly (the same ops on the same inputs, CPU), with a cache and
+    for a prompt (L=0: nothing to place)."""
     from c2w.runtime.engines.aoti import EulerReplay
     cfg, spec = model.cfg, SPECS["cfm"]
-    inputs = spec.example_inputs(cfg, CFM)
+    inputs = spec.example_inputs(cfg, key)
     T, L = inputs[0].shape[2], inputs[5].shape[-2]
-    assert L > 0
+    assert L == key.dim("L")
     with torch.no_grad():
-        want = spec.build(model, CFM)(*inputs)
+        want = spec.build(model, key)(*inputs)
         step = spec.export_variant.build(model)
         _, _, att = step(*spec.export_variant.inputs(cfg, inputs))
         assert att.shape == want[2].shape[1:-2] + (T, want[2].shape[-1])

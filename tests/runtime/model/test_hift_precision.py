@@ -6,7 +6,9 @@ bit-for-bit parity with the step-audio2 oracle is tests/runtime/model/test_hift.
 """
 from __future__ import annotations
 
+import copy as copy_module
 import importlib.util
+import io
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import torch
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.hift import CONV_STACK, PRECISIONS, CastingConv1d, HiftVocoder
 from c2w.runtime.model.weights import load_model
+from c2w.runtime.precision import load_at_precision
 from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey, rel_l2
 from c2w.runtime.verify import VERIFY_SEED
 
@@ -118,10 +121,24 @@ def test_float16_weights_are_stored_for_the_channels_last_convolutions_and_keep_
     h32, h16 = models
     fresh = HiftVocoder(h32.cfg).set_precision(torch.float16)
     fresh.load_state_dict({k: v.contiguous().clone() for k, v in h16.state_dict().items()})
-    for m in fresh.to(torch.device("cpu")).precision_modules():
-        assert m.weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last), m
-        assert m.weight.permute(0, 2, 1).is_contiguous()
+    buf = io.BytesIO()
+    torch.save(fresh, buf)
+    buf.seek(0)
+    for copy in (fresh, copy_module.deepcopy(fresh), torch.load(buf, weights_only=False)):
+        for m in copy.precision_modules():
+            assert m.weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last), m
+            assert m.weight.permute(0, 2, 1).is_contiguous()
     assert all(m.weight.is_contiguous() for m in fresh.set_precision(torch.float32).precision_modules())
+
+
+def test_the_model_loaded_at_a_float16_hift_policy_stores_the_weights_so():
+    """What the exporter and the runtime load (runtime.precision.load_at_precision) goes through
+    set_precision: the float16 conv weights in the channels-last order, the rest float32."""
+    model = load_at_precision("random:tiny", "cpu", {"hift": "float16"})
+    convs = model.hift.precision_modules()
+    assert convs and all(m.weight.dtype == torch.float16 for m in convs)
+    assert all(m.weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last) for m in convs)
+    assert model.hift.f0_predictor.condnet[0].weight.dtype == torch.float32
 
 
 def test_onnx_graphs_keep_the_1d_convolutions(monkeypatch):
