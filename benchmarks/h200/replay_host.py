@@ -1,12 +1,11 @@
 """The host-side cost of the CFM's ungraphed Euler replay (runtime.engines.aoti.EulerReplay), on the CPU.
 
 A stand-in step returns preallocated outputs at once, and every tensor is tiny, so what is timed is
-the replay's own Python and op dispatch: its output copies and allocations per solve. Run it in
-the tree as it is and in one with the chunk-frames patch applied (--chunk-frames):
+the replay's own Python and op dispatch: its output copies and allocations per solve, for a step
+returning the whole attention cache (AOTI packages before the CFM's revision 3) or only the
+chunk's frames (--chunk-frames, what the exporter builds since run 18):
 
-    python benchmarks/h200/replay_host.py
-    git apply benchmarks/h200/results/run13_chunk_frames/chunk_frames_int64.patch   # in a copy
-    python benchmarks/h200/replay_host.py --chunk-frames
+    python benchmarks/h200/replay_host.py [--chunk-frames]
 """
 from __future__ import annotations
 

@@ -80,8 +80,8 @@ class CastingConv1d(nn.Conv1d):
     accumulates in float32) and its float16 output is widened back, so what follows stays float32.
     In float16 it runs as a 2-D convolution over (B, C, 1, T) in channels-last layout, with the
     weight stored to match (`HiftVocoder.set_precision`): given a 1-D convolution, PyTorch hands
-    cuDNN NCHW tensors, and cuDNN's float16 kernels turned each input to NHWC and each output
-    back, 7.5 of the B=32 HiFT's 20.3 ms on the H200 (benchmarks/h200/README.md, run 17b; held
+    cuDNN NCHW tensors, and cuDNN's float16 kernels turned each input and weight to NHWC and each
+    output back, 7.5 of the B=32 HiFT's 20.3 ms on the H200 (benchmarks/h200/README.md, run 17b; held
     channels-last it took 13.0 ms, run 18a; docs/design-notes.md, note 17). The output is
     (B, C_out, T') with channels-last strides; the ops after it keep that layout.
     """
