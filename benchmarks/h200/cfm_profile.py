@@ -95,8 +95,8 @@ def split_attention_forward(self, x, att_cache):
     attention (same values up to rounding): the chunk attends to its own frames and to the cache
     in two calls, and the two outputs are merged by their log-sum-exps, o = o_new * sigmoid(lse_new
     - lse_cache) + o_cache * sigmoid(lse_cache - lse_new). The returned cache is still [new |
-    cache]; the AOTI step keeps only its first T frames (the chunk-frames step), so Inductor never
-    reads the cache to build it."""
+    cache]; the AOTI step keeps only its first T frames (the chunk-frames step), so the cache's
+    part of it is dead there (whether Inductor drops it shows in the kernel table)."""
     b, t, _ = x.shape
     q, k, v = self.project(x)
     q, k, v = self.q_norm(self._heads(q)), self.k_norm(self._heads(k)), self._heads(v)
