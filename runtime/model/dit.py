@@ -20,10 +20,11 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale) + shift
 
 
-def tap_major_(conv: nn.Conv1d) -> None:
+def tap_major_(conv: nn.Module) -> None:
     """Store conv.weight (c_out, c_in, k) in (c_out, k, c_in) memory order, values unchanged, so
     that `weight.permute(0, 2, 1).reshape(-1, c_in)`, the taps side by side, is a view
-    (CausalConvBlock)."""
+    (CausalConvBlock), and `weight.unsqueeze(2)` is a channels-last 2-D weight (HiFT's float16
+    convolutions, which cuDNN then reads as it is)."""
     w = conv.weight
     conv.weight = nn.Parameter(w.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
 

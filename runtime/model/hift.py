@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from c2w.runtime.errors import C2WUserError, check_shape, state_dict_mismatch
 from c2w.runtime.model.config import HiftConfig
+from c2w.runtime.model.dit import tap_major_
 
 MEL_BINS = 80
 
@@ -62,13 +63,6 @@ def _channels_last_convs() -> bool:
     """Whether reduced-precision convolutions run as 2-D channels-last ones: outside an ONNX export
     (TensorRT and ONNX Runtime choose their own layouts)."""
     return not torch.onnx.is_in_onnx_export()
-
-
-def store_taps_between_channels_(conv: nn.Module) -> None:
-    """Store conv.weight (a, b, k) in (a, k, b) memory order, shape and values unchanged, so that
-    `weight.unsqueeze(2)` is a channels-last 2-D weight: cuDNN then reads it as it is."""
-    w = conv.weight
-    conv.weight = nn.Parameter(w.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
 
 
 class CastingConv1d(nn.Conv1d):
@@ -405,7 +399,7 @@ class HiftVocoder(nn.Module):
         for m in self.precision_modules():
             m.to(dtype)
             if dtype == torch.float16:
-                store_taps_between_channels_(m)       # read as it is by the channels-last convolution
+                tap_major_(m)                         # read as it is by the channels-last convolution
             else:
                 m.weight.data = m.weight.data.contiguous()
         return self

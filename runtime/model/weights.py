@@ -61,11 +61,13 @@ class Code2Wav:
         self.flow.to(device)
         self.hift.to(device)
         for comp, dtype in (precision or {}).items():
-            if comp == "hift":
-                self.hift.set_precision(dtype)       # float16 also stores the weights as its convolutions read them
-                continue
-            for m in self.precision_modules(comp):
-                m.to(dtype)
+            # a module with its own policy applies it (HiFT: which parts take the dtype, and the
+            # weights' layout its float16 convolutions read); the others are cast whole
+            for m in self.component_modules()[comp]:
+                if hasattr(m, "set_precision"):
+                    m.set_precision(dtype)
+                else:
+                    m.to(dtype)
         return self
 
 
