@@ -65,6 +65,11 @@ def _channels_last_convs() -> bool:
     return not torch.onnx.is_in_onnx_export()
 
 
+def _channels_last_2d(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, C, T) -> (B, C, 1, T) in `dtype` and channels-last memory: the cast and the layout in one copy."""
+    return x.unsqueeze(2).to(dtype, memory_format=torch.channels_last)
+
+
 class CastingConv1d(nn.Conv1d):
     """nn.Conv1d that computes in its weight's dtype and returns its input's dtype.
 
@@ -83,12 +88,11 @@ class CastingConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.weight.dtype:
             return super().forward(x)
-        out_dtype, x = x.dtype, x.to(self.weight.dtype)
         if not _channels_last_convs():
-            return super().forward(x).to(out_dtype)
-        y = F.conv2d(x.unsqueeze(2).contiguous(memory_format=torch.channels_last), self.weight.unsqueeze(2),
-                     self.bias, (1, self.stride[0]), (0, self.padding[0]), (1, self.dilation[0]), self.groups)
-        return y.squeeze(2).to(out_dtype)
+            return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+        y = F.conv2d(_channels_last_2d(x, self.weight.dtype), self.weight.unsqueeze(2), self.bias,
+                     (1, self.stride[0]), (0, self.padding[0]), (1, self.dilation[0]), self.groups)
+        return y.squeeze(2).to(x.dtype)
 
 
 class CastingConvTranspose1d(nn.ConvTranspose1d):
@@ -97,13 +101,12 @@ class CastingConvTranspose1d(nn.ConvTranspose1d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.weight.dtype:
             return super().forward(x)
-        out_dtype, x = x.dtype, x.to(self.weight.dtype)
         if not _channels_last_convs():
-            return super().forward(x).to(out_dtype)
-        y = F.conv_transpose2d(x.unsqueeze(2).contiguous(memory_format=torch.channels_last), self.weight.unsqueeze(2),
-                               self.bias, (1, self.stride[0]), (0, self.padding[0]), (0, self.output_padding[0]),
+            return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+        y = F.conv_transpose2d(_channels_last_2d(x, self.weight.dtype), self.weight.unsqueeze(2), self.bias,
+                               (1, self.stride[0]), (0, self.padding[0]), (0, self.output_padding[0]),
                                self.groups, (1, self.dilation[0]))
-        return y.squeeze(2).to(out_dtype)
+        return y.squeeze(2).to(x.dtype)
 
 
 def _same_padding(kernel: int, dilation: int = 1) -> int:
