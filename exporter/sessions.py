@@ -9,7 +9,7 @@ sweep) and the traffic model (exporter/traffic.py: whole sessions) both walk str
 from __future__ import annotations
 
 from c2w.runtime.model.config import ModelConfig
-from c2w.runtime.stream import KEEP_RECENT
+from c2w.runtime.trim import KEEP_RECENT
 from c2w.runtime.units import ShapeKey
 
 

@@ -19,6 +19,7 @@ from c2w.runtime.engines import get_backend
 from c2w.runtime.engines.aoti import cuda_graphs_setting
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.manifest import Entry, Manifest, Status, file_sha256, read_manifest
+from c2w.runtime.trim import CacheTrim
 from c2w.runtime.units import DTYPE_NAMES, SPECS, EagerRunner, ShapeKey
 from c2w.runtime.verify import artifact_info, device_name, entry_key, unit_weights
 
@@ -146,12 +147,14 @@ class EngineCache:
         with self._stats_lock:
             self._counts[key][what] += 1
 
-    def run(self, key: ShapeKey, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, key: ShapeKey, inputs: list[torch.Tensor], trim: CacheTrim | None = None) -> list[torch.Tensor]:
+        """The unit's outputs for `inputs`, its attention cache (the last output) trimmed by
+        `trim` (runtime.trim): the engine's for `key`, or eager ones."""
         engine = self._engine(key)
         if engine is not None:
             try:
                 with self._locks[key]:                    # an engine is not thread-safe
-                    out = engine.run(inputs)
+                    out = engine.run(inputs, trim)
                 self._count(key, "hits")
                 return out
             except Exception as exc:
@@ -162,7 +165,7 @@ class EngineCache:
             if key not in self._warned_miss:
                 self._warned_miss.add(key)
                 log.info("c2w: no engine for %s; serving it eagerly", key.id)
-        return self.eager.run(key, inputs)
+        return self.eager.run(key, inputs, trim)
 
     def stats(self) -> dict:
         """{component: {key id: {hits, misses, failures}}} since load."""

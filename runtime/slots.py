@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.stream import KEEP_RECENT, StreamState
+from c2w.runtime.stream import StreamState
+from c2w.runtime.trim import KEEP_RECENT
 
 
 @dataclass(frozen=True)

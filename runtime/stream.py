@@ -5,10 +5,11 @@
     pcm = driver.step(state, tokens)              # (B, samples) float32 in [-0.99, 0.99]
     pcm = driver.step(state, tail_tokens, last=True)
 
-Per chunk: flow encoder -> CFM solve -> HiFT, each through `runner.run(ShapeKey, inputs)`, so the
-same driver serves eager and engines. Cache handling lives here: the CFM noise slice at the
-estimator cache length, the trim to P + 100 frames (estimator always, conformer optionally), and
-HiFT's 8-frame mel / 3840-sample source caches with the Hamming cross-fade.
+Per chunk: flow encoder -> CFM solve -> HiFT, each through `runner.run(ShapeKey, inputs, trim)`, so
+the same driver serves eager and engines. Cache handling lives here: the CFM noise slice at the
+estimator cache length, which caches are trimmed to P + 100 frames (estimator always, conformer
+optionally; the runner returns them trimmed, runtime.trim), and HiFT's 8-frame mel / 3840-sample
+source caches with the Hamming cross-fade.
 """
 from __future__ import annotations
 
@@ -18,10 +19,8 @@ import numpy as np
 import torch
 
 from c2w.runtime.errors import C2WUserError, check_shape
-from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey, copy_bytes
-
-KEEP_RECENT = 100     # frames kept after the prompt when a cache is trimmed
-
+from c2w.runtime.trim import CacheTrim
+from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey
 
 @dataclass
 class StreamState:
@@ -88,27 +87,10 @@ def draw_noise(generators: list, shape: tuple, device) -> torch.Tensor:
     return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
-def trim_cache(cache: torch.Tensor, dim: int, prompt_frames: int) -> torch.Tensor:
-    """Upstream's rule: once the cache passes P + 100 frames keep its first P and last 100.
-
-    Two copies into a new tensor, each through 8-byte views where the rows allow it: a strided
-    copy of fp16 values ran at ~1.8 TB/s on the H200, the same bytes as int64 at ~3.9 TB/s, near a
-    contiguous copy's 4.3 (benchmarks/h200/README.md, run 14). Bytes are copied, not values."""
-    n = cache.shape[dim]
-    if n <= prompt_frames + KEEP_RECENT:
-        return cache
-    shape = list(cache.shape)
-    shape[dim] = prompt_frames + KEEP_RECENT
-    out = cache.new_empty(shape)
-    copy_bytes(out.narrow(dim, 0, prompt_frames), cache.narrow(dim, 0, prompt_frames))
-    copy_bytes(out.narrow(dim, prompt_frames, KEEP_RECENT), cache.narrow(dim, n - KEEP_RECENT, KEEP_RECENT))
-    return out
-
-
 @dataclass
 class StreamDriver:
     model: object                                   # runtime.model.weights.Code2Wav
-    runner: object                                  # .run(ShapeKey, inputs) -> outputs
+    runner: object                                  # .run(ShapeKey, inputs, trim) -> outputs
     trim_conformer: bool = False                    # MiniCPM-o trims it too; step-audio2 1.0 does not
     seed: int = 0
     _window: dict = field(default_factory=dict)
@@ -192,10 +174,11 @@ class StreamDriver:
         tokens = check_tokens(cfg, "tokens", tokens, B, 1 if last else la + 1).to(dev, torch.int64)
 
         # flow encoder
+        trim = CacheTrim(state.prompt_frames)
         C = state.conformer_att.shape[3]
         mu, state.conformer_cnn, state.conformer_att = self.runner.run(
             self._key("flow_encoder", B=B, N=tokens.shape[1], C=C, last=int(last)),
-            [tokens, state.conformer_cnn, state.conformer_att])
+            [tokens, state.conformer_cnn, state.conformer_att], trim if self.trim_conformer else None)
         T = mu.shape[2]
 
         # CFM
@@ -205,10 +188,7 @@ class StreamDriver:
         x0 = self.model.flow.noise[:, :, L:L + T].expand(B, -1, -1).to(dev)
         cond = torch.zeros(B, cfg.mel_bins, T, device=dev)
         mel, state.estimator_cnn, state.estimator_att = self.runner.run(
-            self._key("cfm", B=B, T=T, L=L), [mu, state.spk, cond, x0, state.estimator_cnn, state.estimator_att])
-        state.estimator_att = trim_cache(state.estimator_att, 4, state.prompt_frames)
-        if self.trim_conformer:
-            state.conformer_att = trim_cache(state.conformer_att, 3, state.prompt_frames)
+            self._key("cfm", B=B, T=T, L=L), [mu, state.spk, cond, x0, state.estimator_cnn, state.estimator_att], trim)
 
         # HiFT
         pcm = self._vocode(state, mel, last, hift_noise)

@@ -436,5 +436,10 @@ class EagerRunner:
         return self._units[k]
 
     @torch.inference_mode()
-    def run(self, key: ShapeKey, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return list(self.unit(key)(*inputs))
+    def run(self, key: ShapeKey, inputs: list[torch.Tensor], trim=None) -> list[torch.Tensor]:
+        """The unit's outputs, the last (its attention cache) trimmed by `trim` (a
+        runtime.trim.CacheTrim, which imports this module) when one is given."""
+        outs = list(self.unit(key)(*inputs))
+        if trim is not None:
+            outs[-1] = trim.apply(outs[-1])
+        return outs

@@ -13,11 +13,16 @@ behind T=150 chunk frames, 128 fp16 values per frame: 8.4 GB read, 8.4 GB writte
 and the contiguous copy of the same bytes (`torch.Tensor.copy_` between contiguous tensors) as the
 bandwidth to compare with. Prints GB/s per way and writes $OUT/cache_copy.json.
 
-With --trim it times instead the streaming driver's trim of the solve's output cache (L + T frames
-down to the first P and the last 100, `runtime.stream.trim_cache`) against the same trim as the
-`torch.cat` of two slices it was before run 14 (the steady key: 11.5 GB in, 8.4 GB kept).
+With --trim it times instead the streaming driver's trim of a whole output cache (L + T frames down
+to the first P and the last 100: `runtime.trim.CacheTrim.apply`, "trim_cache" in the JSON) against
+the same trim as the `torch.cat` of two slices it was before run 14 (the steady key: 11.5 GB in,
+8.4 GB kept). Since run 19 AOTI's Euler replay writes the kept frames only and this copy is not made.
 
-Usage (device): python3 benchmarks/h200/cache_copy.py --out $OUT [--trim] [--steps 10 --depth 16 ...]
+With --replay DIR it times, for every built CFM key with a cache (L > 0) in an artifact directory,
+the solve as served followed by the trim (before run 19) against the solve given the trim, whose
+replay writes only the kept frames (run 19), and says whether the two caches are byte-identical.
+
+Usage (device): python3 benchmarks/h200/cache_copy.py --out $OUT [--trim | --replay DIR] [--steps 10 ...]
 CPU check (every way against copy_, small shapes; Triton under its interpreter):
   TRITON_INTERPRET=1 python3 benchmarks/h200/cache_copy.py --check
 """
@@ -113,12 +118,15 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--check", action="store_true", help="CPU check of every way (see the docstring)")
     ap.add_argument("--trim", action="store_true", help="time the driver's trim instead (see the docstring)")
+    ap.add_argument("--replay", metavar="DIR", help="time the CFM engines' solve with the trim (see the docstring)")
     ap.add_argument("--prompt-frames", type=int, default=300)
     a = ap.parse_args()
     if a.check:
         return check()
     if a.trim:
         return trim(a)
+    if a.replay:
+        return replay_trim(a)
     shape = (a.steps, a.depth, a.rows, a.heads, a.T, a.L, a.width)
     cache, want = cache_of(*shape, device="cuda"), output_of(*shape, device="cuda")
     copy_plain(want, cache, a.T)
@@ -142,11 +150,11 @@ def main() -> None:
 
 
 def trim(a) -> None:
-    from c2w.runtime.stream import KEEP_RECENT, trim_cache
+    from c2w.runtime.trim import KEEP_RECENT, CacheTrim
     P, n = a.prompt_frames, a.L + a.T
     cache = cache_of(a.steps, a.depth, a.rows, a.heads, 0, n, a.width, device="cuda")
     ways = {"cat (before run 14)": lambda: torch.cat([cache.narrow(4, 0, P), cache.narrow(4, n - KEEP_RECENT, KEEP_RECENT)], 4),
-            "trim_cache": lambda: trim_cache(cache, 4, P)}
+            "trim_cache": lambda: CacheTrim(P).apply(cache)}
     assert torch.equal(ways["cat (before run 14)"](), ways["trim_cache"]())
     kept = cache.numel() // n * (P + KEEP_RECENT) * cache.element_size()
     rows = {k: timed(way, a.reps) for k, way in ways.items()}
@@ -159,6 +167,36 @@ def trim(a) -> None:
     (Path(a.out) / "trim_copy.json").write_text(json.dumps(result, indent=1))
     for k, v in result["ways"].items():
         print(f"trim: {k:20s} {v['ms']:8.3f} ms  {v['GB_s']:7.1f} GB/s  ({2 * kept / 1e9:.1f} GB moved)")
+
+
+def replay_trim(a) -> None:
+    from c2w.runtime.cache import EngineCache
+    from c2w.runtime.manifest import model_from_manifest, read_manifest
+    from c2w.runtime.trim import CacheTrim
+    from c2w.runtime.units import SPECS
+    from c2w.runtime.verify import entry_key
+    manifest, device, trim = read_manifest(a.replay), torch.device("cuda"), CacheTrim(a.prompt_frames)
+    model = model_from_manifest(manifest, device)
+    engines = EngineCache(a.replay, model, device)
+    rows = []
+    for e in manifest.entries:
+        if e.status != "built" or e.component != "cfm" or not e.dims["L"]:
+            continue
+        key = entry_key(e)
+        inputs = SPECS["cfm"].example_inputs(model.cfg, key, seed=7, device=device)
+        after = lambda: trim.apply(engines.run(key, inputs)[2])           # noqa: E731
+        given = lambda: engines.run(key, inputs, trim)[2]                 # noqa: E731
+        same = torch.equal(after().view(torch.uint8), given().view(torch.uint8))
+        rows.append({"key": e.id, "kept_frames": trim.kept(e.dims["T"] + e.dims["L"]), "identical": same,
+                     "trim_after_ms": round(timed(after, a.reps) * 1e3, 3),
+                     "trim_given_ms": round(timed(given, a.reps) * 1e3, 3)})
+        print(f"replay: {e.id:28s} trim after {rows[-1]['trim_after_ms']:8.3f} ms, given "
+              f"{rows[-1]['trim_given_ms']:8.3f} ms, identical: {same}")
+    result = {"prompt_frames": a.prompt_frames, "device": torch.cuda.get_device_name(),
+              "commit": os.environ.get("C2W_COMMIT", "unknown"), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "keys": rows}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "replay_trim.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

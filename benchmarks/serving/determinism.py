@@ -28,8 +28,8 @@ class Recorder:
     def __init__(self, runner, spk: torch.Tensor):
         self.runner, self.spk, self.mels = runner, spk.reshape(-1).float(), []
 
-    def run(self, key, inputs):
-        out = self.runner.run(key, inputs)
+    def run(self, key, inputs, trim=None):
+        out = self.runner.run(key, inputs, trim)
         if key.component == "cfm":
             rows = (inputs[1].float().cpu() == self.spk).all(dim=1).nonzero()
             if len(rows):

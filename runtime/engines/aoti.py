@@ -31,6 +31,7 @@ from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool, as_list
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.dit import euler_schedule
+from c2w.runtime.trim import CacheTrim
 from c2w.runtime.units import copy_bytes, tensor_bytes
 
 
@@ -42,8 +43,11 @@ class EulerReplay:
     outputs are copied there). A step built with `chunk_frames` (manifest extra "step_att":
     "chunk_frames", runtime.units.CFMStepUnit) returns of its new attention cache only the
     chunk's T frames; the frames after them are the step's input cache as it came in, copied
-    there from the input once. Nothing a step returns is kept: a package loaded with
-    run_single_threaded=True may hand back the same buffers on every call.
+    there from the input once. Given the stream's `trim` (runtime.trim.CacheTrim) such a replay
+    writes only the frames the trim keeps, the chunk's frames among them: the solve returns the
+    trimmed cache, and the input frames the trim drops are never copied. Nothing a step returns
+    is kept: a package loaded with run_single_threaded=True may hand back the same buffers on
+    every call.
     """
 
     def __init__(self, step, n_steps: int, device: torch.device, chunk_frames: bool = False):
@@ -52,14 +56,22 @@ class EulerReplay:
         self.s = [torch.tensor([s], dtype=torch.int64, device=device) for s in range(n_steps)]
         self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
 
-    def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache):
+    def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache, trim: CacheTrim | None = None):
         T, L = mu.shape[2], att_cache.shape[-2]
+        # upstream order: the chunk's frames first, then the cache; `runs` are the frames written
+        runs = self._runs(T, L, trim)
         att_shape = list(att_cache.shape)
-        att_shape[-2] += T                                 # the chunk's frames join the cache
+        att_shape[-2] = sum(length for _, length in runs)
         x = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)
         cnn_out, att_out = torch.empty_like(cnn_cache), att_cache.new_empty(att_shape)
-        if self.chunk_frames:           # upstream order: the chunk's frames first, then the cache
-            copy_bytes(att_out.narrow(-2, T, L), att_cache)
+        if self.chunk_frames:           # the input cache's kept frames, for all steps at once
+            at = 0
+            for start, length in runs:
+                lo = max(start, T)                         # frames [T, T + L) are the input's
+                if start + length > lo:
+                    copy_bytes(att_out.narrow(-2, at + lo - start, start + length - lo),
+                               att_cache.narrow(-2, lo - T, start + length - lo))
+                at += length
         x_in = x0
         for s in range(len(self.s)):
             args = (mu, spk, cond, x_in, cnn_cache[s], att_cache[s], self.s[s], self.dt[s])
@@ -71,6 +83,16 @@ class EulerReplay:
                     copy_bytes(dst, src)
             x_in = x
         return x, cnn_out, att_out
+
+    def _runs(self, T: int, L: int, trim: CacheTrim | None) -> list[tuple[int, int]]:
+        """The runs of the T + L frames of the new cache that the solve writes: those `trim`
+        keeps when the chunk's T frames lead them (each step writes its T frames in one piece),
+        else all (AOTIEngine trims after)."""
+        if self.chunk_frames and trim is not None:
+            runs = trim.kept(T + L)
+            if runs[0][0] == 0 and runs[0][1] >= T:
+                return runs
+        return [(0, T + L)]
 
     def release(self) -> None:
         if isinstance(self.step, CapturedCall):
@@ -124,8 +146,10 @@ class AOTIEngine(Engine):
     def __init__(self, info: ArtifactInfo, fn, device: torch.device, keep: list):
         self.info, self._fn, self.device, self._keep = info, fn, device, keep
 
-    def run_impl(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run_impl(self, inputs: Sequence[torch.Tensor], trim: CacheTrim | None = None) -> list[torch.Tensor]:
         args = [t.to(self.device).contiguous() for t in inputs]
+        if isinstance(self._fn, EulerReplay):
+            return as_list(self._fn(*args, trim=trim))
         return as_list(self._fn(*args))
 
     def release(self) -> None:

@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 import torch
 
 from c2w.runtime.errors import C2WUserError, check_shape
+from c2w.runtime.trim import CacheTrim, trim_last
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,16 @@ class Engine(abc.ABC):
 
     info: ArtifactInfo
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Run on `inputs` (in `info.input_names` order, exact shapes); return outputs in order."""
+    def run(self, inputs: Sequence[torch.Tensor], trim: CacheTrim | None = None) -> list[torch.Tensor]:
+        """Run on `inputs` (in `info.input_names` order, exact shapes); return outputs in order,
+        the last one (the attention cache of the encoder and the CFM) trimmed by `trim`."""
         check_inputs(self.info, inputs)
-        return self.run_impl(inputs)
+        return trim_last(self.run_impl(inputs, trim), trim)
 
     @abc.abstractmethod
-    def run_impl(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """`run` after the inputs were checked."""
+    def run_impl(self, inputs: Sequence[torch.Tensor], trim: CacheTrim | None = None) -> list[torch.Tensor]:
+        """`run` after the inputs were checked. An engine may apply `trim` itself as it writes
+        its outputs (AOTI's Euler replay does); `run` trims after it, a no-op on a trimmed cache."""
 
     def release(self) -> None:
         """Free whatever the engine holds (sessions, contexts, graphs). Idempotent."""

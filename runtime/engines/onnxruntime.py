@@ -46,7 +46,7 @@ class OnnxRuntimeEngine(Engine):
     def __init__(self, info: ArtifactInfo, session, keep_alive: list, device: torch.device):
         self.info, self.session, self._keep, self.device = info, session, keep_alive, device
 
-    def run_impl(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run_impl(self, inputs: Sequence[torch.Tensor], trim=None) -> list[torch.Tensor]:
         feed = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.info.input_names, inputs)}
         outs = self.session.run(list(self.info.output_names), feed)
         return [torch.from_numpy(np.ascontiguousarray(o)).to(self.device) for o in outs]

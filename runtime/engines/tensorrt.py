@@ -241,7 +241,7 @@ class TensorRTEngine(Engine):
             outs.append(torch.empty(shape, dtype=dtype, device=self._device))
         return outs
 
-    def run_impl(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run_impl(self, inputs: Sequence[torch.Tensor], trim=None) -> list[torch.Tensor]:
         ins = self._checked_inputs(inputs)
         with torch.cuda.device(self._device):     # the context belongs to the plan's device
             if self._use_graph:

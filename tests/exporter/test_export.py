@@ -133,13 +133,22 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     # the package records the layout of the weights it binds by pointer (the DiT's tap-major conv
     # weights), and refuses the same values in another layout
     from c2w.runtime.engines.aoti import AOTIBackend
+    from c2w.runtime.trim import CacheTrim
     from c2w.runtime.units import SPECS
     from c2w.runtime.verify import artifact_info, unit_weights
     strides = cfm.extra["constant_strides"]
     assert strides and all(".conv.block." in fqn for fqn in strides)
     weights = unit_weights(SPECS["cfm"].build(model, keys[1]))
     info = artifact_info(tmp_path / "aoti", cfm, model.cfg)
-    AOTIBackend().load(info, weights, torch.device("cpu")).release()
+    engine = AOTIBackend().load(info, weights, torch.device("cpu"))
+    # given a stream's trim, the replay writes only the frames it keeps (T=50 + L=150 frames: the
+    # first 60 and the last 100), and they are the whole cache's
+    trim, inputs = CacheTrim(60), SPECS["cfm"].example_inputs(model.cfg, keys[1])
+    whole, trimmed = engine.run(inputs), engine.run(inputs, trim)
+    assert trimmed[2].shape[-2] == 160
+    for a, b in zip(trimmed, whole[:2] + [trim.apply(whole[2])]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    engine.release()
     contiguous = {fqn: (t.contiguous() if fqn in strides else t) for fqn, t in weights.items()}
     with pytest.raises(RuntimeError, match="laid out differently"):
         AOTIBackend().load(info, contiguous, torch.device("cpu"))

@@ -56,7 +56,7 @@ def test_without_a_manifest_everything_is_served_eagerly_and_counted_as_misses(m
 
 def test_an_engine_that_fails_at_run_time_is_served_eagerly_and_counted(model, tmp_path, caplog):
     class Failing:
-        def run(self, inputs):
+        def run(self, inputs, trim=None):
             raise RuntimeError("device lost (stand-in)")
 
     cache = EngineCache(tmp_path, model)

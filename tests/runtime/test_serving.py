@@ -47,8 +47,8 @@ class MelRecorder:
     def __init__(self, runner):
         self.runner, self.mels = runner, {}
 
-    def run(self, key, inputs):
-        out = self.runner.run(key, inputs)
+    def run(self, key, inputs, trim=None):
+        out = self.runner.run(key, inputs, trim)
         if key.component == "cfm" and key.dim("L") > 0:
             seen = set()
             for row, spk in enumerate(inputs[1]):

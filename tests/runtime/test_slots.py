@@ -6,7 +6,8 @@ import torch
 
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.slots import SlotPool, ServerFullError
-from c2w.runtime.stream import KEEP_RECENT, StreamState
+from c2w.runtime.stream import StreamState
+from c2w.runtime.trim import KEEP_RECENT
 
 P = 4                   # the pool's max_prompt_frames: conformer and estimator caches hold P + KEEP_RECENT
 

@@ -166,9 +166,9 @@ def test_a_float16_hift_model_names_its_hift_keys_float16_and_nothing_else():
     asked = []
 
     class Recording(EagerRunner):
-        def run(self, key, inputs):
+        def run(self, key, inputs, trim=None):
             asked.append(key)
-            return super().run(key, inputs)
+            return super().run(key, inputs, trim)
 
     drv = StreamDriver(m, Recording(m), trim_conformer=True)
     g = torch.Generator().manual_seed(0)

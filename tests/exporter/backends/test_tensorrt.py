@@ -51,7 +51,7 @@ class _OnnxStandIn(Engine):
         self.info, self.corrupt = info, corrupt
         self.session = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"])
 
-    def run_impl(self, inputs):
+    def run_impl(self, inputs, trim=None):
         feed = {n: t.numpy() for n, t in zip(self.info.input_names, inputs)}
         outs = [torch.from_numpy(np.ascontiguousarray(o)) for o in self.session.run(None, feed)]
         return [o + 1 for o in outs] if self.corrupt else outs

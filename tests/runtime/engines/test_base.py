@@ -7,13 +7,14 @@ import torch
 from c2w.runtime.engines import NAMES, get_backend
 from c2w.runtime.engines.base import ArtifactInfo, Engine
 from c2w.runtime.errors import C2WUserError
+from c2w.runtime.trim import CacheTrim
 
 
 class _Echo(Engine):
     def __init__(self, info):
         self.info, self.calls = info, 0
 
-    def run_impl(self, inputs):
+    def run_impl(self, inputs, trim=None):
         self.calls += 1
         return list(inputs)
 
@@ -33,6 +34,16 @@ def test_run_checks_count_shape_and_dtype_then_calls_run_impl():
         with pytest.raises(C2WUserError, match=message):
             engine.run(inputs)
     assert engine.calls == 1
+
+
+def test_run_returns_the_last_output_trimmed_by_the_streams_trim():
+    """The last output of the encoder and the CFM is the attention cache: `run` trims it (frames on
+    axis -2) by the trim it is given, and leaves every output as it is without one."""
+    engine = _Echo(INFO)
+    mel, noise = torch.zeros(1, 80, 50), torch.arange(24000 * 9.0).reshape(1, 24000, 9)
+    out = engine.run([mel, noise], CacheTrim(10))
+    assert out[0] is mel and torch.equal(out[1], torch.cat([noise[:, :10], noise[:, -100:]], 1))
+    assert engine.run([mel, noise])[1] is noise
 
 
 @pytest.mark.parametrize("name", NAMES)

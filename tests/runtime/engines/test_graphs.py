@@ -306,6 +306,41 @@ def test_a_step_of_chunk_frames_replays_to_the_whole_cache(cuda):
     replays[1].release()
 
 
+@pytest.mark.parametrize("P, written", [(30, 123), (20, 120), (5, 105), (3, 103), (2, 123), (0, 123)])
+def test_a_replay_of_chunk_frames_writes_only_what_the_trim_keeps(cuda, P, written):
+    """Given the stream's trim, a chunk-frames replay writes only the kept frames of the new
+    cache (L=120, T=3: P + 100 of 123 once P < 23), graphed or not, when the chunk's frames lead
+    them (P >= T); otherwise (P < T) it writes all 123 and AOTIEngine.run trims after. Either way
+    the engine's cache is the whole solve's, trimmed."""
+    from c2w.runtime.engines.aoti import EulerReplay
+    from c2w.runtime.trim import CacheTrim
+
+    def chunk(mu, spk, cond, x, cnn, att, s, dt):
+        x_new = x + dt * (mu + cond + spk[..., None] * s)
+        return x_new, cnn * 0.5 + s, x_new.transpose(1, 2) * s + att[:, :3].sum()
+
+    def whole(*args):
+        x_new, cnn, new = chunk(*args)
+        return x_new, cnn, torch.cat([new, args[5]], dim=1)
+
+    shapes = [(1, 2, 3), (1, 2), (1, 2, 3), (1, 2, 3), (1, 4), (1, 120, 2), (1,), (1,)]
+    dtypes = [torch.float32] * 6 + [torch.int64, torch.float32]
+    g = torch.Generator().manual_seed(4)
+    args = [torch.randn(s, generator=g) for s in shapes[:4]] + [
+        torch.randn(10, 1, 4, generator=g), torch.randn(10, 1, 120, 2, generator=g)]
+    trim = CacheTrim(P)
+    want = EulerReplay(whole, 10, CPU)(*args)
+    want = want[:2] + (trim.apply(want[2]),)
+    graphed = EulerReplay(CapturedCall(cuda.kernel(chunk), shapes, dtypes, CPU), 10, CPU, chunk_frames=True)
+    for replay in (EulerReplay(chunk, 10, CPU, chunk_frames=True), graphed):
+        got = replay(*args, trim=trim)
+        assert got[2].shape == (10, 1, written, 2)
+        got = got[:2] + (trim.apply(got[2]),)                 # what AOTIEngine.run returns
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    graphed.release()
+
+
 def test_the_cfm_replays_one_graph_per_euler_step(cuda):
     """AOTI's CFM: EulerReplay over ONE captured Euler step writes each step's outputs straight
     into the stacked caches, and matches the same step run without a graph on every input."""
