@@ -3,7 +3,8 @@ compute the model's function: a variant that is faster but wrong must not reach 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.h200.cfm_profile import bthd_attention_forward, split_attention_forward
+from benchmarks.h200.cfm_profile import (attention_with_lse, bthd_attention_forward, explicit_attention_with_lse,
+                                         split_attention_forward)
 from benchmarks.h200.conv_variants import frame_conv, per_tap_conv
 from c2w.runtime.model.dit import Attention, CausalConvBlock
 
@@ -47,3 +48,13 @@ def test_attention_split_over_chunk_and_cache_merged_by_log_sum_exp_matches_the_
         assert got[1].shape == (2, 4, 11, 16)
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, **TOL)
+
+
+def test_the_explicit_attention_with_log_sum_exp_is_the_fused_one():
+    """The float32 CUDA path of the split variant (cuDNN's fused kernel takes half precision
+    only), checked against the CPU's fused kernel: the same output and log-sum-exp."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=g) for n in (5, 9, 9))
+    for got, want in zip(explicit_attention_with_lse(q, k, v), attention_with_lse(q, k, v), strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, **TOL)

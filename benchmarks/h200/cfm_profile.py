@@ -82,12 +82,23 @@ def bthd_attention_forward(self, x, att_cache):
 
 def attention_with_lse(q, k, v):
     """softmax(q k^T / sqrt(d)) v and its log-sum-exp (b, h, T, 1) float32, by the fused kernel
-    that PyTorch's attention calls on this device (cuDNN's on CUDA, which the engines use)."""
-    if q.is_cuda:
+    that PyTorch's attention calls on this device (cuDNN's on CUDA in half precision, which the
+    engines use). cuDNN's kernel is for half precision: the float32 reference model got NaN mels
+    through it (run 19b), so float32 on CUDA takes the explicit product and softmax."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]
+    elif q.is_cuda:
+        return explicit_attention_with_lse(q, k, v)
     else:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
     return out, lse.float().reshape(*q.shape[:3], 1)
+
+
+def explicit_attention_with_lse(q, k, v):
+    """attention_with_lse as a product, a log-sum-exp and a product (any dtype, any device)."""
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.exp(scores - lse) @ v, lse.float()
 
 
 def split_attention_forward(self, x, att_cache):
