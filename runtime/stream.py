@@ -22,6 +22,7 @@ from c2w.runtime.errors import C2WUserError, check_shape
 from c2w.runtime.trim import CacheTrim
 from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey
 
+
 @dataclass
 class StreamState:
     """Everything one batch of streams carries between chunks (all tensors on the model's device)."""
