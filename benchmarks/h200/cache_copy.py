@@ -16,11 +16,13 @@ bandwidth to compare with. Prints GB/s per way and writes $OUT/cache_copy.json.
 With --trim it times instead the streaming driver's trim of a whole output cache (L + T frames down
 to the first P and the last 100: `runtime.trim.CacheTrim.apply`, "trim_cache" in the JSON) against
 the same trim as the `torch.cat` of two slices it was before run 14 (the steady key: 11.5 GB in,
-8.4 GB kept). Since run 19 AOTI's Euler replay writes the kept frames only and this copy is not made.
+8.4 GB kept). Since run 19 an AOTI chunk-frames replay writes the kept frames only (when P >= T)
+and this copy is not made; other engines and eager still make it.
 
 With --replay DIR it times, for every built CFM key with a cache (L > 0) in an artifact directory,
 the solve as served followed by the trim (before run 19) against the solve given the trim, whose
-replay writes only the kept frames (run 19), and says whether the two caches are byte-identical.
+replay writes only the kept frames (run 19), says whether the two caches are byte-identical, and
+counts the calls the engine served (`calls`: hits, against misses and failures served eagerly).
 
 Usage (device): python3 benchmarks/h200/cache_copy.py --out $OUT [--trim | --replay DIR] [--steps 10 ...]
 CPU check (every way against copy_, small shapes; Triton under its interpreter):
@@ -189,7 +191,8 @@ def replay_trim(a) -> None:
         same = torch.equal(after().view(torch.uint8), given().view(torch.uint8))
         rows.append({"key": e.id, "kept_frames": trim.kept(e.dims["T"] + e.dims["L"]), "identical": same,
                      "trim_after_ms": round(timed(after, a.reps) * 1e3, 3),
-                     "trim_given_ms": round(timed(given, a.reps) * 1e3, 3)})
+                     "trim_given_ms": round(timed(given, a.reps) * 1e3, 3),
+                     "calls": engines.stats()["cfm"].get(e.id, {})})     # hits: the engine ran them
         print(f"replay: {e.id:28s} trim after {rows[-1]['trim_after_ms']:8.3f} ms, given "
               f"{rows[-1]['trim_given_ms']:8.3f} ms, identical: {same}")
     result = {"prompt_frames": a.prompt_frames, "device": torch.cuda.get_device_name(),

@@ -1,5 +1,6 @@
 """What a fresh process pays to load its first engines: per key, the load and the first run, and
-every child process started from Python meanwhile (its command line and how long it ran).
+every child process started through `subprocess.Popen` meanwhile (its command line, and how long
+it ran when something waited for it; `os.system` and `multiprocessing` are not seen).
 
 Run 19 found that whichever AOTI package a fresh process loads first takes ~64 s to load on the
 H200 (every later one 0.06-0.2 s), 54 s of it spent waiting on 10 child processes started from

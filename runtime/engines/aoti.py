@@ -44,8 +44,8 @@ class EulerReplay:
     "chunk_frames", runtime.units.CFMStepUnit) returns of its new attention cache only the
     chunk's T frames; the frames after them are the step's input cache as it came in, copied
     there from the input once. Given the stream's `trim` (runtime.trim.CacheTrim) such a replay
-    writes only the frames the trim keeps, the chunk's frames among them: the solve returns the
-    trimmed cache, and the input frames the trim drops are never copied. Nothing a step returns
+    writes only the frames the trim keeps when the chunk's frames lead them (P >= T): the solve
+    returns the trimmed cache, and the input frames the trim drops are never copied. Nothing a step returns
     is kept: a package loaded with run_single_threaded=True may hand back the same buffers on
     every call.
     """
@@ -87,7 +87,7 @@ class EulerReplay:
     def _runs(self, T: int, L: int, trim: CacheTrim | None) -> list[tuple[int, int]]:
         """The runs of the T + L frames of the new cache that the solve writes: those `trim`
         keeps when the chunk's T frames lead them (each step writes its T frames in one piece),
-        else all (AOTIEngine trims after)."""
+        else all (Engine.run trims after)."""
         if self.chunk_frames and trim is not None:
             runs = trim.kept(T + L)
             if runs[0][0] == 0 and runs[0][1] >= T:

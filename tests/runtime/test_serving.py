@@ -371,7 +371,7 @@ def test_a_batch_that_raises_is_retried_per_stream(rt, monkeypatch):
 
     key = ShapeKey("cfm", (1, 50, 100), "float32")
     engine = rt.cache._engine(key)
-    monkeypatch.setattr(engine, "run", lambda inputs: (_ for _ in ()).throw(RuntimeError("engine fault")))
+    monkeypatch.setattr(engine, "run", lambda inputs, trim=None: (_ for _ in ()).throw(RuntimeError("engine fault")))
     before = rt.stats()["cfm"].get(key.id, {"failures": 0})["failures"]
     with rt.serve(max_streams=1) as srv:
         h = srv.open_stream(*ok[:3])

@@ -12,10 +12,11 @@ from c2w.runtime.trim import CacheTrim
 
 class _Echo(Engine):
     def __init__(self, info):
-        self.info, self.calls = info, 0
+        self.info, self.calls, self.trims = info, 0, []
 
     def run_impl(self, inputs, trim=None):
         self.calls += 1
+        self.trims.append(trim)
         return list(inputs)
 
 
@@ -44,6 +45,7 @@ def test_run_returns_the_last_output_trimmed_by_the_streams_trim():
     out = engine.run([mel, noise], CacheTrim(10))
     assert out[0] is mel and torch.equal(out[1], torch.cat([noise[:, :10], noise[:, -100:]], 1))
     assert engine.run([mel, noise])[1] is noise
+    assert engine.trims == [CacheTrim(10), None]          # the backend is told, to write it itself
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -310,7 +310,7 @@ def test_a_step_of_chunk_frames_replays_to_the_whole_cache(cuda):
 def test_a_replay_of_chunk_frames_writes_only_what_the_trim_keeps(cuda, P, written):
     """Given the stream's trim, a chunk-frames replay writes only the kept frames of the new
     cache (L=120, T=3: P + 100 of 123 once P < 23), graphed or not, when the chunk's frames lead
-    them (P >= T); otherwise (P < T) it writes all 123 and AOTIEngine.run trims after. Either way
+    them (P >= T); otherwise (P < T) it writes all 123 and Engine.run trims after. Either way
     the engine's cache is the whole solve's, trimmed."""
     from c2w.runtime.engines.aoti import EulerReplay
     from c2w.runtime.trim import CacheTrim
