@@ -7,9 +7,15 @@ H200 (every later one 0.06-0.2 s), 54 s of it spent waiting on 10 child processe
 Python, and 5 s in Inductor's CPU vector-ISA probe; what the children are was not recorded. A
 serving process pays this once at start, and so does every `c2w merge` measurement.
 
+The children were Inductor's probe of the host CPU's vector ISA, which torch's
+`aoti_load_package` runs for a warning: g++ compiling test programs and a Python process loading
+each. The runtime now loads CUDA packages without it (runtime.engines.aoti.load_runner);
+`--torch-loader` loads them through `aoti_load_package` as before, for the comparison. Give each
+run a fresh TORCHINDUCTOR_CACHE_DIR: the probe's programs are cached there.
+
 Usage (device): python3 benchmarks/h200/first_load.py DIR KEY_ID [KEY_ID ...] --out $OUT
-  (keys in the order to load them; DIR: an artifact directory with a manifest). Writes
-  $OUT/first_load.json.
+  [--torch-loader] (keys in the order to load them; DIR: an artifact directory with a manifest).
+  Writes $OUT/first_load.json (first_load_torch_loader.json with --torch-loader).
 """
 from __future__ import annotations
 
@@ -47,10 +53,16 @@ def main() -> None:
     ap.add_argument("dir")
     ap.add_argument("keys", nargs="+")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--torch-loader", action="store_true",
+                    help="load AOTI packages through torch._inductor.aoti_load_package (the runtime before run 20)")
     a = ap.parse_args()
     record_children()
     t0 = time.perf_counter()
     import torch
+    if a.torch_loader:
+        from c2w.runtime.engines import aoti
+        aoti.load_runner = lambda path, device, single_threaded: torch._inductor.aoti_load_package(
+            path, run_single_threaded=single_threaded)
     from c2w.runtime.engines import get_backend
     from c2w.runtime.manifest import model_from_manifest, read_manifest
     from c2w.runtime.units import SPECS, EagerRunner
@@ -80,7 +92,9 @@ def main() -> None:
         print(f"{key_id}: load {loaded:.2f} s, {len(CHILDREN) - first_child} child processes", flush=True)
     res["children_before_first_key"] = len(CHILDREN) - sum(len(k["children"]) for k in res["keys"])
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "first_load.json").write_text(json.dumps(res, indent=1))
+    res["torch_loader"] = a.torch_loader
+    name = "first_load_torch_loader.json" if a.torch_loader else "first_load.json"
+    (Path(a.out) / name).write_text(json.dumps(res, indent=1))
     for k in res["keys"]:
         for c in sorted(k["children"], key=lambda c: -(c["seconds"] or 0))[:5]:
             argv = c["argv"] if isinstance(c["argv"], str) else " ".join(c["argv"])

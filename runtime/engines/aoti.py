@@ -142,6 +142,28 @@ def check_layout(table: Mapping[str, torch.Tensor], built: Mapping[str, Sequence
                            "with this version of c2w (c2w export).")
 
 
+def load_runner(path: str, device: torch.device, single_threaded: bool):
+    """The runner of the AOTI package at `path`.
+
+    torch's `aoti_load_package` first compares the package's recorded host CPU vector ISA with
+    this machine's, for a warning only, and finds this machine's by compiling and loading test
+    programs with the host compiler. Where Inductor's cache holds none of them yet (a fresh
+    machine or container), that took ~60 s of a process's first load on the H200 (docs/aoti.md,
+    "The first load"). A CUDA package's kernels are GPU code, and the engine cache already
+    refuses a manifest built for another GPU (runtime.cache), so on CUDA the runner is made by
+    torch's package loader directly, as `aoti_load_package` does once its check is done. CPU
+    packages keep torch's check: their kernels are compiled for the host's vector ISA."""
+    if device.type == "cuda":
+        try:
+            from torch._inductor.package.package import AOTICompiledModel
+            loader = torch._C._aoti.AOTIModelPackageLoader
+        except (ImportError, AttributeError):       # another torch: its own loading, check included
+            pass
+        else:
+            return AOTICompiledModel(loader(path, "model", single_threaded, 1, -1))
+    return torch._inductor.aoti_load_package(path, run_single_threaded=single_threaded)
+
+
 class AOTIEngine(Engine):
     def __init__(self, info: ArtifactInfo, fn, device: torch.device, keep: list):
         self.info, self._fn, self.device, self._keep = info, fn, device, keep
@@ -215,7 +237,7 @@ class AOTIBackend(Backend):
         if weights is None:
             raise ValueError("AOTI packages are built without weights: pass the component's shared weights")
         graphed = self.graphed(info, device)
-        runner = torch._inductor.aoti_load_package(str(info.path), run_single_threaded=graphed)
+        runner = load_runner(str(info.path), device, single_threaded=graphed)
         keep = [runner]
         if not (info.extra or {}).get("constants_in_so"):
             table, missing = {}, []

@@ -100,7 +100,7 @@ def fewer_layers_checkpoint(directory) -> str:
 
 
 @pytest.mark.slow
-def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
+def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated, monkeypatch):
     """One AOTI key per unit (it compiles C++): the encoder's steady key, a CFM key built as one
     Euler step that the runtime replays 10 times, and a float16 HiFT key (it lifts constant tables);
     chosen by priority + a budget with room for their estimates only (each key measuring its
@@ -152,6 +152,21 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated):
     contiguous = {fqn: (t.contiguous() if fqn in strides else t) for fqn, t in weights.items()}
     with pytest.raises(RuntimeError, match="laid out differently"):
         AOTIBackend().load(info, contiguous, torch.device("cpu"))
+    # a CUDA package's runner is made without torch's probe of the host's vector ISA (~60 s on a
+    # fresh machine); the path is exercised here on the CPU HiFT package (its constants are inside)
+    import torch._inductor.cpu_vec_isa as cpu_vec_isa
+    from c2w.runtime.engines.aoti import load_runner
+    hift = tmp_path / "aoti" / built["hift-B1-F58-S3840-float16"].artifact
+    hift_inputs = SPECS["hift"].example_inputs(model.cfg, keys[2])
+    expected = load_runner(str(hift), torch.device("cpu"), single_threaded=False)(*hift_inputs)
+
+    def probe():
+        raise AssertionError("the host's vector ISA was probed")
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", probe)
+    with pytest.raises(AssertionError, match="probed"):      # torch's own loading probes it
+        torch._inductor.aoti_load_package(str(hift))
+    for a, b in zip(load_runner(str(hift), torch.device("cuda"), single_threaded=False)(*hift_inputs), expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_aoti_inductor_overrides_and_identity(monkeypatch):
