@@ -319,7 +319,9 @@ SPECS: dict[str, UnitSpec] = {
         cache_dims=("C",),
         dynamic_dims={"B": BATCH_RANGE, "N": (4, 512), "C": (1, 4096)},
         dynamic_axes=_enc_dynamic,
-        graph_variant=lambda k: "flow_encoder-last" if k.dim("last") else "flow_encoder"),
+        graph_variant=lambda k: "flow_encoder-last" if k.dim("last") else "flow_encoder",
+        # 1: from 512 rows the attention is one fused call (runtime.model.encoder.FUSED_ATTENTION_ROWS)
+        revisions={"aoti": 1, "onnxruntime": 1, "tensorrt": 1}),
     "cfm": UnitSpec(
         name="cfm", dim_names=("B", "T", "L"),
         output_names=("mel", "new_cnn_cache", "new_att_cache"),

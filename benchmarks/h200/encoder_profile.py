@@ -7,14 +7,17 @@ the kernel table of one graph-free call (kernel_classes.py reads it), and the ou
 against the float32 model. `--attn` picks the attention's form; the switch patches the model's
 class, so eager and the float32 reference run the same form:
 
-  current  runtime.model.encoder._RelPosSelfAttention as the product has it: the content scores
+  model    runtime.model.encoder._RelPosSelfAttention as the product has it: from
+           FUSED_ATTENTION_ROWS rows (batch x queries) the position scores are the additive mask of
+           one fused attention call, softmax((q + u) k^T / sqrt(d) + (q + v) P^T / sqrt(d)) v.
+  unfused  the form before run 20 at every size, as upstream writes it: the content scores
            (q + u) k^T and the position scores (q + v) P^T as two products, summed, softmax, then
-           the product with v.
-  sdpa     the position scores as the additive mask of one fused attention call,
-           softmax((q + u) k^T / sqrt(d) + (q + v) P^T / sqrt(d)) v (the same values up to rounding):
-           the content product, the softmax and the product with v become one kernel.
+           the product with v (the same values up to rounding).
 
-Usage (device): python3 benchmarks/h200/encoder_profile.py --batch 32 --tokens 78 --cache 400 [--attn sdpa]
+Run 20c measured the fused form at 354d859, where q + u went to the fused call as the view it
+is; the model's form since makes it contiguous first (the ONNX exporter needs it: docs/numerics.md).
+
+Usage (device): python3 benchmarks/h200/encoder_profile.py --batch 32 --tokens 78 --cache 400 [--attn unfused]
   [--phase build|time|all] --out $OUT. Writes $OUT/encoder_profile_B{B}_N{N}_C{C}_{attn}.json;
   `--phase build` builds /tmp/<the same name>.pt2 only (several builds side by side, then time them
   one at a time with `--phase time`).
@@ -30,17 +33,14 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.h200.kernel_classes import profile_kernels  # noqa: E402
 from c2w.runtime.model.encoder import _align_relative, _RelPosSelfAttention  # noqa: E402
 
-CURRENT_FORWARD = _RelPosSelfAttention.forward
-
-
-def sdpa_attention_forward(self, x, rel_pos, cache):
-    """`_RelPosSelfAttention.forward` with the position scores as the mask of one fused attention."""
+def unfused_attention_forward(self, x, rel_pos, cache):
+    """`_RelPosSelfAttention.forward` in its form before run 20, at every size: two score products,
+    the softmax of their sum, the product with the values."""
     b, t, d = x.shape
     q = self._heads(self.linear_q(x))
     k = self._heads(self.linear_k(x))
@@ -51,12 +51,12 @@ def sdpa_attention_forward(self, x, rel_pos, cache):
     new_cache = torch.cat([k, v], dim=3)
     p = self._heads(self.linear_pos(rel_pos))
     position = _align_relative(torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(2, 3)), k.shape[2])
-    y = F.scaled_dot_product_attention(q + self.pos_bias_u.unsqueeze(1), k, v,
-                                       attn_mask=position / math.sqrt(self.d_k))
+    content = torch.matmul(q + self.pos_bias_u.unsqueeze(1), k.transpose(2, 3))
+    y = torch.matmul(torch.softmax((content + position) / math.sqrt(self.d_k), dim=-1), v)
     return self.linear_out(y.transpose(1, 2).reshape(b, t, d)), new_cache
 
 
-ATTENTION = {"current": CURRENT_FORWARD, "sdpa": sdpa_attention_forward}
+ATTENTION = {"model": _RelPosSelfAttention.forward, "unfused": unfused_attention_forward}
 
 
 def main() -> None:
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=78)
     ap.add_argument("--cache", type=int, default=400)
-    ap.add_argument("--attn", choices=tuple(ATTENTION), default="current")
+    ap.add_argument("--attn", choices=tuple(ATTENTION), default="model")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--phase", choices=("all", "build", "time"), default="all")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))

@@ -8,7 +8,7 @@ import torch
 
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.config import FULL, TINY, EncoderConfig
-from c2w.runtime.model.encoder import MAX_POS, ConformerEncoder
+from c2w.runtime.model.encoder import FUSED_ATTENTION_ROWS, MAX_POS, ConformerEncoder
 
 from tests.oracle import oracle_encoder
 
@@ -75,8 +75,11 @@ def test_state_dict_keys_equal_upstream(tiny):
     assert "pos_table" not in ours.state_dict()
 
 
-def test_streaming_matches_oracle(tiny):
+# B=24: every block of a steady chunk has >= FUSED_ATTENTION_ROWS rows (24 x 25 at 25 Hz), the fused form
+@pytest.mark.parametrize("batch", [1, 24])
+def test_streaming_matches_oracle(tiny, batch):
     """Prompt setup (no cache), two steady chunks, then the zero-padded last chunk."""
+    assert batch == 1 or batch * 25 >= FUSED_ATTENTION_ROWS
     oracle, ours = tiny
     cfg = TINY.encoder
     g = torch.Generator().manual_seed(1)
@@ -85,7 +88,7 @@ def test_streaming_matches_oracle(tiny):
     cnn = att = ref_cnn = ref_att = None
     frames = 0
     for i, (n, last) in enumerate(steps):
-        xs = torch.randn(1, n, cfg.width, generator=g)
+        xs = torch.randn(batch, n, cfg.width, generator=g)
         with torch.no_grad():
             if i:
                 ours.check_inputs(xs, cnn, att, last)
@@ -95,9 +98,9 @@ def test_streaming_matches_oracle(tiny):
         _, ref_cnn, ref_att = ref
         t = ours.output_frames(n, last)
         frames += t
-        assert h.shape == (1, t, cfg.width)
-        assert att.shape == ours.att_cache_shape(1, frames)
-        assert cnn.shape == ours.cnn_cache_shape(1)
+        assert h.shape == (batch, t, cfg.width)
+        assert att.shape == ours.att_cache_shape(batch, frames)
+        assert cnn.shape == ours.cnn_cache_shape(batch)
 
 
 def test_batch_of_two_equals_two_single_streams(tiny):
@@ -135,20 +138,21 @@ def test_empty_cache_equals_no_cache(tiny):
         assert torch.equal(x, y)
 
 
-def test_full_size_chunk_matches_oracle():
+@pytest.mark.parametrize("batch", [1, 24])      # 24: the fused attention (24 x 25 and 24 x 50 rows)
+def test_full_size_chunk_matches_oracle(batch):
     cfg = FULL.encoder
     oracle = make_oracle(cfg, seed=4)
     ours = ours_for(oracle, cfg)
     g = torch.Generator().manual_seed(5)
-    xs = torch.randn(1, 28, cfg.width, generator=g)
-    cnn = torch.randn(ours.cnn_cache_shape(1), generator=g)
-    att = torch.randn(ours.att_cache_shape(1, 300), generator=g)
+    xs = torch.randn(batch, 28, cfg.width, generator=g)
+    cnn = torch.randn(ours.cnn_cache_shape(batch), generator=g)
+    att = torch.randn(ours.att_cache_shape(batch, 300), generator=g)
     ours.check_inputs(xs, cnn, att, False)
     with torch.no_grad():
         got = ours.forward_chunk(xs, cnn, att, False)
     ref = oracle_step(oracle, xs, cnn, att, False)
     assert_close(got, ref, "full")
-    assert got[0].shape == (1, 50, cfg.width) and got[2].shape == (10, 1, 8, 350, 128)
+    assert got[0].shape == (batch, 50, cfg.width) and got[2].shape == (10, batch, 8, 350, 128)
 
 
 # ---- input checks ------------------------------------------------------------------------------
@@ -209,9 +213,9 @@ class _Step(torch.nn.Module):
         return self.enc.forward_chunk(xs, cnn_cache, att_cache, self.last)
 
 
-def _chunk_inputs(n, c, seed):
+def _chunk_inputs(n, c, seed, b=1):
     g = torch.Generator().manual_seed(seed)
-    xs, cnn, att = _good(n=n, c=c)
+    xs, cnn, att = _good(b=b, n=n, c=c)
     return torch.randn(xs.shape, generator=g), torch.randn(cnn.shape, generator=g), \
         torch.randn(att.shape, generator=g)
 
@@ -230,11 +234,12 @@ def test_torch_export_matches_eager(tiny, last):
     assert_close(got, ref, f"export last={last}")
 
 
-def test_onnx_export_matches_eager(tiny, tmp_path):
+@pytest.mark.parametrize("batch", [1, 24])      # 24: the fused attention
+def test_onnx_export_matches_eager(tiny, tmp_path, batch):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     _, ours = tiny
-    args = _chunk_inputs(28, 300, seed=7)
+    args = _chunk_inputs(28, 300, seed=7, b=batch)
     step = _Step(ours, False).eval()
     path = tmp_path / "encoder.onnx"
     names_in, names_out = ["xs", "cnn_cache", "att_cache"], ["h", "new_cnn_cache", "new_att_cache"]
