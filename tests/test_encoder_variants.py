@@ -1,10 +1,10 @@
 """The encoder attention form benchmarks/h200/encoder_profile.py measures against the model's
-(`--attn unfused`, the form before run 20) computes the model's function on both sides of
+(`--attn unfused`, upstream's form at every size) computes the model's function on both sides of
 FUSED_ATTENTION_ROWS, with and without a cache: a wrong form must not reach a device call."""
 import pytest
 import torch
 
-from benchmarks.h200.encoder_profile import unfused_attention_forward
+from benchmarks.h200.encoder_profile import set_form
 from c2w.runtime.model.encoder import FUSED_ATTENTION_ROWS, _RelPosSelfAttention
 
 
@@ -19,7 +19,11 @@ def test_the_unfused_form_matches_the_model(batch, queries, cached):
     cache = torch.randn(batch, 4, cached, 16) if cached else None
     rel_pos = torch.randn(1, 2 * queries + cached - 1, 32)
     want = attn(x, rel_pos, cache)
-    got = unfused_attention_forward(attn, x, rel_pos, cache)
+    try:
+        set_form("unfused")
+        got = attn(x, rel_pos, cache)
+    finally:
+        set_form("model")
     assert got[0].shape == (batch, queries, 32) and got[1].shape == (batch, 4, cached + queries, 16)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)    # float32: only the order of the sums differs

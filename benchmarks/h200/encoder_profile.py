@@ -4,8 +4,8 @@ Builds one flow-encoder key (float16, the full model with random weights) with c
 (exporter.backends.aoti.build_aoti), loads it as served (AOTIBackend: one CUDA graph per call), and
 records the median ms of eager, eager under one CUDA graph, the engine with and without its graph,
 the kernel table of one graph-free call (kernel_classes.py reads it), and the output's rel-L2
-against the float32 model. `--attn` picks the attention's form; the switch patches the model's
-class, so eager and the float32 reference run the same form:
+against the float32 model. `--attn` picks the attention's form; the switch sets the model's
+threshold, so eager and the float32 reference run the same form:
 
   model    runtime.model.encoder._RelPosSelfAttention as the product has it: from
            FUSED_ATTENTION_ROWS rows (batch x queries) the position scores are the additive mask of
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -36,27 +35,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.h200.kernel_classes import profile_kernels  # noqa: E402
-from c2w.runtime.model.encoder import _align_relative, _RelPosSelfAttention  # noqa: E402
+from c2w.runtime.model import encoder  # noqa: E402
 
-def unfused_attention_forward(self, x, rel_pos, cache):
-    """`_RelPosSelfAttention.forward` in its form before run 20, at every size: two score products,
-    the softmax of their sum, the product with the values."""
-    b, t, d = x.shape
-    q = self._heads(self.linear_q(x))
-    k = self._heads(self.linear_k(x))
-    v = self._heads(self.linear_v(x))
-    if cache is not None:
-        k = torch.cat([cache[..., : self.d_k], k], dim=2)
-        v = torch.cat([cache[..., self.d_k:], v], dim=2)
-    new_cache = torch.cat([k, v], dim=3)
-    p = self._heads(self.linear_pos(rel_pos))
-    position = _align_relative(torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(2, 3)), k.shape[2])
-    content = torch.matmul(q + self.pos_bias_u.unsqueeze(1), k.transpose(2, 3))
-    y = torch.matmul(torch.softmax((content + position) / math.sqrt(self.d_k), dim=-1), v)
-    return self.linear_out(y.transpose(1, 2).reshape(b, t, d)), new_cache
+MODEL_ROWS = encoder.FUSED_ATTENTION_ROWS
+
+def set_form(attn: str) -> None:
+    """The encoder's attention in `attn`'s form, process-wide: "unfused" raises the model's
+    fused-call threshold past any call, so every block takes upstream's form; "model" restores it."""
+    encoder.FUSED_ATTENTION_ROWS = MODEL_ROWS if attn == "model" else sys.maxsize
 
 
-ATTENTION = {"model": _RelPosSelfAttention.forward, "unfused": unfused_attention_forward}
+ATTENTION = ("model", "unfused")
 
 
 def main() -> None:
@@ -64,7 +53,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=78)
     ap.add_argument("--cache", type=int, default=400)
-    ap.add_argument("--attn", choices=tuple(ATTENTION), default="model")
+    ap.add_argument("--attn", choices=ATTENTION, default="model")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--phase", choices=("all", "build", "time"), default="all")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -78,7 +67,7 @@ def main() -> None:
     from c2w.runtime.precision import load_at_precision
     from c2w.runtime.units import SPECS, ShapeKey, rel_l2
     from c2w.runtime.verify import unit_weights
-    _RelPosSelfAttention.forward = ATTENTION[a.attn]
+    set_form(a.attn)
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     model = load_at_precision("random:full", dev, {"flow_encoder": "float16", "cfm": "float16", "hift": "float16"})
