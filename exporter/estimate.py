@@ -119,18 +119,24 @@ def _encoder(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]
                  (act, act / layers))
 
 
-def _cfm_step(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]:
-    """Outputs of one Euler step: x (B, 80, T) f32, cnn cache (depth, 2B, 2 hidden, 2), att cache
-    (depth, 2B, heads, L + T, 2 head_dim). The step the exporter builds now returns only the
-    chunk's T frames of the att cache (runtime.units.CFMStepUnit); the fit's measurements (runs
-    10-11) are of the step that returned all L + T, and so is this, until a run measures the new one."""
+def _cfm_step(cfg: ModelConfig, key: ShapeKey, m: PoolModel, step_att: str) -> tuple[int, tuple]:
+    """Outputs and intermediates of one Euler step in the form it was built (manifest extra
+    "step_att"). The fit's measurements (runs 10-14) are of the step that returned its whole att
+    cache (depth, 2B, heads, L + T, 2 head_dim) with x (B, 80, T) f32 and the cnn cache (depth, 2B,
+    2 hidden, 2), and that kept each block's [new | cache] as an intermediate; the chunk-frames step
+    (runs 18-20) is estimated as that one. The in-place step (runtime.units.CFMStepUnit) returns
+    x and the cnn cache only and builds no per-block cache: the same model without them (its
+    static inputs, one step's buffers of T + L frames, are `step_graph_inputs`'), not yet fitted
+    to a measurement."""
     d, (B, T, L), dt = cfg.dit, key.dims, dtype_of(key.dtype)
-    att = tensor_bytes((d.depth, 2 * B, d.heads, L + T, 2 * d.head_dim), dt)
-    out = att + tensor_bytes((B, cfg.mel_bins, T), torch.float32) + tensor_bytes((d.depth, 2 * B, 2 * d.hidden, 2), dt)
+    out = tensor_bytes((B, cfg.mel_bins, T), torch.float32) + tensor_bytes((d.depth, 2 * B, 2 * d.hidden, 2), dt)
     pad = tensor_bytes((2 * B, T + 2, d.hidden), dt)
-    kept = (att, att / d.depth) if L else (2 * d.depth * pad, pad)
     act = m.cfm_activation * B * T
-    return out, (kept, (act, act / d.depth))
+    if step_att == "in_place":
+        return out, ((2 * d.depth * pad, pad), (act, act / d.depth))
+    att = tensor_bytes((d.depth, 2 * B, d.heads, L + T, 2 * d.head_dim), dt)
+    kept = (att, att / d.depth) if L else (2 * d.depth * pad, pad)
+    return out + att, (kept, (act, act / d.depth))
 
 
 def _hift(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]:
@@ -141,25 +147,33 @@ def _hift(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]:
     return 2 * tensor_bytes((samples,), torch.float32), ((work, work / m.hift_blocks),)
 
 
-CAPTURES = {"flow_encoder": _encoder, "cfm": _cfm_step, "hift": _hift}
+CAPTURES = {"flow_encoder": _encoder, "hift": _hift}       # the CFM's: _cfm_step, by its step's form
 
 
-def key_cost(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int], m: PoolModel = FITTED) -> KeyCost:
+def step_form(cfg: ModelConfig) -> str:
+    """The form of the CFM step the exporter builds now (the spec's export variant's "step_att")."""
+    return SPECS["cfm"].export_variant.extra(cfg).get("step_att", "whole")
+
+
+def key_cost(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int], m: PoolModel = FITTED,
+             step_att: str | None = None) -> KeyCost:
     """A key's costs as AOTInductor on CUDA loads it (runtime.engines.aoti): captured in a CUDA graph
     when one graph's inputs (a CFM key's: one Euler step's) are within GRAPH_MAX_BYTES, else its
     package alone (its inputs and outputs are one call's). weights: per-component weight bytes
-    (HiFT's package carries its own copy)."""
+    (HiFT's package carries its own copy). step_att: the form a CFM key's step was built in
+    (a manifest entry's extra; None: the form built now, `step_form`)."""
     spec = SPECS[key.component]
     shapes, dtypes = list(spec.input_shapes(cfg, key)), list(spec.input_dtypes(key))
-    if spec.export_variant is not None and spec.export_variant.extra(cfg).get("cfm_step"):
-        shapes, dtypes = step_graph_inputs(shapes, dtypes)
+    form = step_att or step_form(cfg)
+    if key.component == "cfm":
+        shapes, dtypes = step_graph_inputs(shapes, dtypes, in_place=form == "in_place")
     static = nbytes(shapes, dtypes)
     if static > GRAPH_MAX_BYTES:
         return KeyCost(PACKAGE_BYTES)
     own = PACKAGE_BYTES + static
     if key.component == "hift":
         own += weights.get("hift", 0) + m.hift_table * key.dim("F")
-    out, parts = CAPTURES[key.component](cfg, key, m)
+    out, parts = _cfm_step(cfg, key, m, form) if key.component == "cfm" else CAPTURES[key.component](cfg, key, m)
     return KeyCost(own, out, tuple((int(n), int(size)) for n, size in parts if n))
 
 
@@ -193,13 +207,14 @@ class GraphPoolSizes:
         grow = (pages(c.outputs) if slot is None else 0) + sum(n for _, n in new)
         return grow + (0 if self.captured else self.model.first_capture), slot, new
 
-    def cost(self, key: ShapeKey) -> int:
-        c = key_cost(self.cfg, key, self.weights, self.model)
+    def cost(self, key: ShapeKey, step_att: str | None = None) -> int:
+        c = key_cost(self.cfg, key, self.weights, self.model, step_att)
         return c.own + self._place(c)[0]
 
-    def add(self, key: ShapeKey) -> int:
-        """Load `key` after the keys added so far; -> the bytes it adds (= cost(key) before)."""
-        c = key_cost(self.cfg, key, self.weights, self.model)
+    def add(self, key: ShapeKey, step_att: str | None = None) -> int:
+        """Load `key` after the keys added so far; -> the bytes it adds (= cost(key) before).
+        step_att: key_cost's (a measured sweep's keys are replayed in the form they were built)."""
+        c = key_cost(self.cfg, key, self.weights, self.model, step_att)
         grow, slot, new = self._place(c)
         if slot is not None:
             self.extents[slot][1] -= c.outputs

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from c2w.runtime.errors import C2WUserError
+from c2w.runtime.ring import RingCache
 from c2w.runtime.stream import StreamState
 from c2w.runtime.trim import KEEP_RECENT
 
@@ -167,13 +168,16 @@ class SlotPool:
         idx = self._index(slots)
         pick = None if rows is None else self._index(rows)
         for f in FIELDS:
-            t = getattr(state, f.name)
-            if f.halves:
-                t = t.unflatten(f.batch_dim, (2, t.shape[f.batch_dim] // 2))
-            d = _pool_dim(f, f.batch_dim)
-            t = t.narrow(d, 0, len(slots)) if pick is None else t.index_select(d, pick)
+            value, d = getattr(state, f.name), _pool_dim(f, f.batch_dim)
             pool = self.pools[f.name]
             if f.length_dim is not None:
                 pool = pool.narrow(_pool_dim(f, f.length_dim), 0, lengths[f.name])
-            pool.index_copy_(d, idx, t)
+            # a ring's frames go to their places in upstream's order, one run of slots at a time
+            parts = ([(pool.narrow(-2, frame, n), value.buffer.narrow(-2, slot, n)) for frame, slot, n in value.runs()]
+                     if isinstance(value, RingCache) else [(pool, value)])
+            for dst, t in parts:
+                if f.halves:
+                    t = t.unflatten(f.batch_dim, (2, t.shape[f.batch_dim] // 2))
+                t = t.narrow(d, 0, len(slots)) if pick is None else t.index_select(d, pick)
+                dst.index_copy_(d, idx, t)
         return lengths

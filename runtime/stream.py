@@ -8,7 +8,8 @@
 Per chunk: flow encoder -> CFM solve -> HiFT, each through `runner.run(ShapeKey, inputs, trim)`, so
 the same driver serves eager and engines. Cache handling lives here: the CFM noise slice at the
 estimator cache length, which caches are trimmed to P + 100 frames (estimator always, conformer
-optionally; the runner returns them trimmed, runtime.trim), and HiFT's 8-frame mel / 3840-sample
+optionally; the runner returns them trimmed, runtime.trim; the estimator's goes in as a
+runtime.ring.RingCache and may come back as one, its frames where an engine wrote them), and HiFT's 8-frame mel / 3840-sample
 source caches with the Hamming cross-fade.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from c2w.runtime.errors import C2WUserError, check_shape
+from c2w.runtime.ring import RingCache
 from c2w.runtime.trim import CacheTrim
 from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey
 
@@ -31,7 +33,7 @@ class StreamState:
     conformer_cnn: torch.Tensor        # (B, width, 6)
     conformer_att: torch.Tensor        # (blocks + up_blocks, B, heads, C, 2 d_k)
     estimator_cnn: torch.Tensor        # (steps, depth, 2B, 2 hidden, 2)
-    estimator_att: torch.Tensor        # (steps, depth, 2B, heads, L, 2 head_dim)
+    estimator_att: torch.Tensor | RingCache   # (steps, depth, 2B, heads, L, 2 head_dim); a ring: runtime.ring
     hift_mel: torch.Tensor             # (B, 80, 0 or 8)
     hift_source: torch.Tensor          # (B, 1, 0 or 3840)
     hift_speech: torch.Tensor          # (B, 0 or 3840)
@@ -188,8 +190,10 @@ class StreamDriver:
             raise C2WUserError("estimator cache", f"{L + T} frames", f"at most {cfg.noise_frames} (the noise table)")
         x0 = self.model.flow.noise[:, :, L:L + T].expand(B, -1, -1).to(dev)
         cond = torch.zeros(B, cfg.mel_bins, T, device=dev)
+        # as a ring, so that an engine that updates the cache in place keeps it where it is
         mel, state.estimator_cnn, state.estimator_att = self.runner.run(
-            self._key("cfm", B=B, T=T, L=L), [mu, state.spk, cond, x0, state.estimator_cnn, state.estimator_att], trim)
+            self._key("cfm", B=B, T=T, L=L),
+            [mu, state.spk, cond, x0, state.estimator_cnn, RingCache.of(state.estimator_att)], trim)
 
         # HiFT
         pcm = self._vocode(state, mel, last, hift_noise)

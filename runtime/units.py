@@ -16,6 +16,7 @@ from torch import nn
 
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.hift import REFUSED_DTYPES as HIFT_REFUSED_DTYPES
+from c2w.runtime.ring import logical
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -104,17 +105,22 @@ class CFMUnit(nn.Module):
 
 class CFMStepUnit(nn.Module):
     """One Euler step of the CFM unit (the step's index as a (1,) int64 tensor, dt as a (1,) float32
-    one): what the AOTI backend compiles and replays n times (runtime.engines.aoti.EulerReplay).
-    Its new attention cache is the chunk's T frames only; the replay writes them and the step's
-    input cache after them straight into the solve's output, which saves the compiled step a copy
-    of the whole cache into its output and the replay another out of it."""
+    one), with its attention caches updated in place: what the AOTI backend compiles and replays n
+    times (runtime.engines.aoti.EulerReplay, manifest extra "step_att": "in_place").
+
+    Inputs: mu, spk, cond, x, the step's cnn cache, s, dt, `slots` (T,) int64, then one buffer
+    (2B, heads, S, 2 head_dim) per DiT block. Each block writes the chunk's frames into slots
+    `slots` of its buffer and attends to all S (Attention.forward_in_place): the buffers are the
+    new caches, so the step returns only (x_next, new cnn cache). The replay keeps each stream's
+    buffers from chunk to chunk and the order of their frames (runtime.ring.RingCache)."""
 
     def __init__(self, model):
         super().__init__()
         self.solver = model.flow.solver()
 
-    def forward(self, mu, spk, cond, x, cnn_cache, att_cache, s, dt):
-        return self.solver.step(mu, spk, cond, x, cnn_cache, att_cache, s, dt, chunk_frames_only=True)
+    def forward(self, mu, spk, cond, x, cnn_cache, s, dt, slots, *att_buffers):
+        x, cnn, _ = self.solver.step(mu, spk, cond, x, cnn_cache, att_buffers, s, dt, att_slots=slots)
+        return x, cnn
 
 
 class HiftUnit(nn.Module):
@@ -269,13 +275,18 @@ HIFT_FLOAT16_RTOL = 8e-3
 
 
 def _cfm_step_inputs(cfg, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The CFM unit's inputs -> one Euler step's: the caches of step 0, the step's index (int64) and
-    dt as (1,) tensors."""
+    """The CFM unit's inputs -> one Euler step's (CFMStepUnit): the cnn cache of step 0, the step's
+    index (int64) and dt as (1,) tensors, the chunk's slots, and step 0's attention cache as one
+    buffer of T + L frames per block, the chunk's slots first (as the replay lays out a cache it
+    is handed as a tensor)."""
     mu, spk, cond, x0, cnn, att = inputs
+    T = mu.shape[2]
     s = torch.zeros(1, dtype=torch.int64, device=mu.device)
     dt = torch.full((1,), 0.1, dtype=torch.float32, device=mu.device)
-    # copies, so that the ten steps' caches are freed once the caller drops them (a B=32 key's: ~8 GB)
-    return [mu, spk, cond, x0, cnn[0].clone(), att[0].clone(), s, dt]
+    slots = torch.arange(T, dtype=torch.int64, device=mu.device)
+    # new tensors, so that the ten steps' caches are freed once the caller drops them (a B=32 key's: ~8 GB)
+    buffers = [torch.cat([torch.zeros_like(a.narrow(-2, 0, T)), a], dim=-2) for a in att[0]]
+    return [mu, spk, cond, x0, cnn[0].clone(), s, dt, slots, *buffers]
 
 
 BATCH_RANGE = (1, 256)      # B of a graph with a dynamic batch
@@ -334,7 +345,7 @@ SPECS: dict[str, UnitSpec] = {
         # AOTI compiles one Euler step and the runtime replays it n_steps times (docs/aoti.md)
         export_variant=ExportVariant(build=lambda model: CFMStepUnit(model), inputs=_cfm_step_inputs,
                                      extra=lambda cfg: {"cfm_step": True, "n_steps": cfg.n_timesteps,
-                                                        "step_att": "chunk_frames"}),
+                                                        "step_att": "in_place"}),
         cache_dims=("L",),
         dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
         dynamic_axes=_cfm_dynamic,
@@ -346,7 +357,8 @@ SPECS: dict[str, UnitSpec] = {
         # AOTI 2, ONNX Runtime 1, TensorRT 1: each DiT convolution is one product over its input
         # rows with the taps summed shifted (CausalConvBlock._conv; run 17).
         # AOTI 3: the step returns only the chunk's frames of its attention cache (step_att; run 18c).
-        revisions={"aoti": 3, "onnxruntime": 1, "tensorrt": 1}),
+        # AOTI 4: the step updates its attention caches in place (step_att "in_place"; design note 21).
+        revisions={"aoti": 4, "onnxruntime": 1, "tensorrt": 1}),
     "hift": UnitSpec(
         name="hift", dim_names=("B", "F", "S"),
         output_names=("speech", "source"),
@@ -440,8 +452,9 @@ class EagerRunner:
     @torch.inference_mode()
     def run(self, key: ShapeKey, inputs: list[torch.Tensor], trim=None) -> list[torch.Tensor]:
         """The unit's outputs, the last (its attention cache) trimmed by `trim` (a
-        runtime.trim.CacheTrim, which imports this module) when one is given."""
-        outs = list(self.unit(key)(*inputs))
+        runtime.trim.CacheTrim, which imports this module) when one is given. A cache held as a
+        runtime.ring.RingCache goes in as its logical tensor."""
+        outs = list(self.unit(key)(*[logical(x) for x in inputs]))
         if trim is not None:
             outs[-1] = trim.apply(outs[-1])
         return outs

@@ -43,6 +43,12 @@ from c2w.runtime.verify import entry_key
 MIB = 1 << 20
 
 
+def built_form(entry) -> str | None:
+    """The form a measured CFM key's step was built in (its manifest extra; sweeps before the
+    chunk-frames step record none: the step that returned its whole cache)."""
+    return (entry.extra or {}).get("step_att", "whole") if entry.component == "cfm" else None
+
+
 def replay(manifest, stream_workspace: int = 0, stream_captures: int = 30,
            model: PoolModel = FITTED) -> list[tuple[object, int]]:
     """(entry, estimated bytes) in manifest order; only measured entries join the simulated load.
@@ -51,9 +57,9 @@ def replay(manifest, stream_workspace: int = 0, stream_captures: int = 30,
     pool = GraphPoolSizes(cfg, weights, model=model)
     out, captures = [], 0
     for e in manifest.entries:
-        key = entry_key(e)
-        est = pool.add(key) if e.device_bytes is not None else pool.cost(key)
-        if stream_workspace and e.device_bytes is not None and key_cost(cfg, key, weights, model).captured:
+        key, form = entry_key(e), built_form(e)
+        est = pool.add(key, form) if e.device_bytes is not None else pool.cost(key, form)
+        if stream_workspace and e.device_bytes is not None and key_cost(cfg, key, weights, model, form).captured:
             captures += 1
             est += stream_workspace if captures <= stream_captures else 0
         out.append((e, est))
@@ -65,7 +71,7 @@ def beyond_own(manifest) -> None:
     print(f"{'capture':>7s}  {'key':44s} {'held outside the pool - own, MiB':>33s}")
     for e in manifest.entries:
         split = (e.extra or {}).get("memory_split")
-        cost = key_cost(cfg, entry_key(e), weights)
+        cost = key_cost(cfg, entry_key(e), weights, step_att=built_form(e))
         if e.device_bytes is None or not split or not cost.captured:
             continue
         n += 1

@@ -30,6 +30,7 @@ import torch
 from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool, as_list
 from c2w.runtime.errors import C2WUserError
+from c2w.runtime.ring import RingCache, logical
 from c2w.runtime.model.dit import euler_schedule
 from c2w.runtime.trim import CacheTrim
 from c2w.runtime.units import copy_bytes, tensor_bytes
@@ -38,25 +39,41 @@ from c2w.runtime.units import copy_bytes, tensor_bytes
 class EulerReplay:
     """The whole n-step solve from one compiled step: same inputs/outputs as the CFM unit.
 
-    Each step's outputs are written once, straight into the stacked (steps, ...) caches the
-    solve returns (a graphed step copies its static outputs there; a plain package's fresh
-    outputs are copied there). A step built with `chunk_frames` (manifest extra "step_att":
-    "chunk_frames", runtime.units.CFMStepUnit) returns of its new attention cache only the
-    chunk's T frames; the frames after them are the step's input cache as it came in, copied
-    there from the input once. Given the stream's `trim` (runtime.trim.CacheTrim) such a replay
-    writes only the frames the trim keeps when the chunk's frames lead them (P >= T): the solve
-    returns the trimmed cache, and the input frames the trim drops are never copied. Nothing a step returns
-    is kept: a package loaded with run_single_threaded=True may hand back the same buffers on
-    every call.
+    The step's form is its manifest extra "step_att" (runtime.units.CFMStepUnit builds the first):
+
+    - "in_place": the step writes the chunk's frames into slots of per-block buffers and attends
+      to the whole buffer; nothing returns a cache. The replay holds the solve's new cache as a
+      runtime.ring.RingCache: given a ring with exactly T free slots (the previous chunk's, once
+      the trim drops as many frames as a chunk adds), the chunk writes its frames there and no
+      cache frame moves; the trim then only shortens the ring's order. Given a tensor, or a ring
+      without T free slots, the cache is laid out anew first (one copy: the chunk's slots, then
+      the frames in order), and a tensor in gives a tensor out (Engine.run trims it).
+    - "chunk_frames": the step returns of its new attention cache only the chunk's T frames; the
+      frames after them are the step's input cache as it came in, copied there from the input
+      once. Given the stream's `trim` (runtime.trim.CacheTrim) such a replay writes only the
+      frames the trim keeps when the chunk's frames lead them (P >= T).
+    - "whole" (packages built before either): the step returns its whole new cache.
+
+    Each step's outputs are written once, straight into the solve's outputs. Nothing a step
+    returns is kept: a package loaded with run_single_threaded=True may hand back the same
+    buffers on every call. A graphed in-place step (CapturedCall over `step_graph_inputs`) takes
+    its blocks' buffers as one static tensor; the replay copies the chunk's slots back out of it.
     """
 
-    def __init__(self, step, n_steps: int, device: torch.device, chunk_frames: bool = False):
-        self.step, self.chunk_frames = step, chunk_frames
+    FORMS = ("whole", "chunk_frames", "in_place")
+
+    def __init__(self, step, n_steps: int, device: torch.device, form: str = "whole"):
+        if form not in self.FORMS:
+            raise ValueError(f"step form {form!r}: expected one of {self.FORMS}")
+        self.step, self.form, self.device = step, form, device
         _, dts = euler_schedule(n_steps)
         self.s = [torch.tensor([s], dtype=torch.int64, device=device) for s in range(n_steps)]
         self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
 
     def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache, trim: CacheTrim | None = None):
+        if self.form == "in_place":
+            return self._in_place(mu, spk, cond, x0, cnn_cache, att_cache, trim)
+        chunk_frames = self.form == "chunk_frames"
         T, L = mu.shape[2], att_cache.shape[-2]
         # upstream order: the chunk's frames first, then the cache; `runs` are the frames written
         runs = self._runs(T, L, trim)
@@ -64,7 +81,7 @@ class EulerReplay:
         att_shape[-2] = sum(length for _, length in runs)
         x = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)
         cnn_out, att_out = torch.empty_like(cnn_cache), att_cache.new_empty(att_shape)
-        if self.chunk_frames:           # the input cache's kept frames, for all steps at once
+        if chunk_frames:                # the input cache's kept frames, for all steps at once
             at = 0
             for start, length in runs:
                 lo = max(start, T)                         # frames [T, T + L) are the input's
@@ -75,20 +92,66 @@ class EulerReplay:
         x_in = x0
         for s in range(len(self.s)):
             args = (mu, spk, cond, x_in, cnn_cache[s], att_cache[s], self.s[s], self.dt[s])
-            outs = (x, cnn_out[s], att_out[s].narrow(-2, 0, T) if self.chunk_frames else att_out[s])
-            if isinstance(self.step, CapturedCall):
-                self.step(*args, out=outs)
-            else:
-                for dst, src in zip(outs, as_list(self.step(*args))):
-                    copy_bytes(dst, src)
+            outs = (x, cnn_out[s], att_out[s].narrow(-2, 0, T) if chunk_frames else att_out[s])
+            self._run_step(args, outs)
             x_in = x
         return x, cnn_out, att_out
+
+    def _in_place(self, mu, spk, cond, x0, cnn_cache, att_cache, trim):
+        T = mu.shape[2]
+        ring = att_cache if isinstance(att_cache, RingCache) else None
+        free = ring.free() if ring is not None else []
+        if ring is not None and len(free) == T and ring.buffer.is_contiguous() and ring.device == x0.device:
+            buffer, slots, order = ring.buffer, free, ring.order
+        else:                           # laid out anew: the chunk's T slots, then the frames in order
+            cache = logical(att_cache).to(x0.device)
+            L = cache.shape[-2]
+            shape = list(cache.shape)
+            shape[-2] = T + L
+            buffer = cache.new_empty(shape)
+            copy_bytes(buffer.narrow(-2, T, L), cache)
+            slots, order = list(range(T)), range(T, T + L)
+        index = self._slots(slots)
+        x = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)
+        cnn_out = torch.empty_like(cnn_cache)
+        x_in = x0
+        for s in range(len(self.s)):
+            args = (mu, spk, cond, x_in, cnn_cache[s], self.s[s], self.dt[s], index)
+            if isinstance(self.step, CapturedCall):
+                self.step(*args, buffer[s], out=(x, cnn_out[s]))
+                static = self.step.inputs[-1]                   # the blocks' buffers, as the graph left them
+                buffer[s].index_copy_(-2, index, static.index_select(-2, index))
+            else:
+                self._run_step(args + tuple(buffer[s].unbind(0)), (x, cnn_out[s]))
+            x_in = x
+        new = RingCache(buffer, [*slots, *order])
+        if ring is None:
+            return x, cnn_out, new.logical()        # a tensor in, a tensor out: the buffer in order
+        return x, cnn_out, trim.apply(new) if trim is not None else new
+
+    def _run_step(self, args, outs) -> None:
+        """One step on `args`, its outputs written into `outs`."""
+        if isinstance(self.step, CapturedCall):
+            self.step(*args, out=outs)
+        else:
+            for dst, src in zip(outs, as_list(self.step(*args))):
+                copy_bytes(dst, src)
+
+    def _slots(self, slots: list[int]) -> torch.Tensor:
+        """The chunk's slots as an int64 tensor on the device; on CUDA through pinned memory, as
+        an asynchronous transfer (one from pageable memory waits for the device: the host would
+        stall on the chunk's earlier kernels). PyTorch's pinned-memory cache does not reuse the
+        host copy before the transfer has read it."""
+        host = torch.tensor(slots, dtype=torch.int64)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _runs(self, T: int, L: int, trim: CacheTrim | None) -> list[tuple[int, int]]:
         """The runs of the T + L frames of the new cache that the solve writes: those `trim`
         keeps when the chunk's T frames lead them (each step writes its T frames in one piece),
         else all (Engine.run trims after)."""
-        if self.chunk_frames and trim is not None:
+        if self.form == "chunk_frames" and trim is not None:
             runs = trim.kept(T + L)
             if runs[0][0] == 0 and runs[0][1] >= T:
                 return runs
@@ -101,15 +164,26 @@ class EulerReplay:
 
 def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.dtype]]:
     """Shapes and dtypes of what one CUDA graph of this artifact takes: the unit's inputs, or for
-    a CFM step package ONE step's (mu, spk, cond, x, cnn and att caches of that step, its index, dt)."""
+    a CFM step package ONE step's (step_graph_inputs)."""
     shapes, dtypes = [tuple(s) for s in info.input_shapes], [torch_dtype(d) for d in info.input_dtypes]
-    return step_graph_inputs(shapes, dtypes) if (info.extra or {}).get("cfm_step") else (shapes, dtypes)
+    extra = info.extra or {}
+    if not extra.get("cfm_step"):
+        return shapes, dtypes
+    return step_graph_inputs(shapes, dtypes, in_place=extra.get("step_att") == "in_place")
 
 
-def step_graph_inputs(shapes: list, dtypes: list) -> tuple[list, list]:
-    """The CFM unit's input shapes and dtypes -> one Euler step's (its graph's inputs)."""
-    return [tuple(s) for s in shapes[:4]] + [tuple(s[1:]) for s in shapes[4:6]] + [(1,), (1,)], \
-        list(dtypes) + [torch.int64, torch.float32]
+def step_graph_inputs(shapes: list, dtypes: list, in_place: bool = True) -> tuple[list, list]:
+    """The CFM unit's input shapes and dtypes -> one Euler step's, as its graph takes them:
+    mu, spk, cond, x, the step's cnn cache, then for an in-place step (runtime.units.CFMStepUnit)
+    its index, dt, the chunk's T slots and the blocks' buffers of T + L frames as one tensor
+    (depth, 2B, heads, T + L, 2 head_dim); for the older forms the step's att cache, index, dt."""
+    head, (cnn, att), (_, cache_dtype) = [tuple(s) for s in shapes[:4]], shapes[4:6], dtypes[4:6]
+    if not in_place:
+        return head + [tuple(cnn[1:]), tuple(att[1:]), (1,), (1,)], list(dtypes) + [torch.int64, torch.float32]
+    T = shapes[0][2]
+    buffers = (*att[1:-2], T + att[-2], att[-1])
+    return head + [tuple(cnn[1:]), (1,), (1,), (T,), buffers], \
+        list(dtypes[:5]) + [torch.int64, torch.float32, torch.int64, cache_dtype]
 
 
 def nbytes(shapes, dtypes) -> int:
@@ -165,11 +239,17 @@ def load_runner(path: str, device: torch.device, single_threaded: bool):
 
 
 class AOTIEngine(Engine):
+    takes_rings = True          # run_impl: an in-place replay keeps a ring as it is, else its logical tensor
+
     def __init__(self, info: ArtifactInfo, fn, device: torch.device, keep: list):
         self.info, self._fn, self.device, self._keep = info, fn, device, keep
 
     def run_impl(self, inputs: Sequence[torch.Tensor], trim: CacheTrim | None = None) -> list[torch.Tensor]:
-        args = [t.to(self.device).contiguous() for t in inputs]
+        if isinstance(self._fn, EulerReplay) and self._fn.form == "in_place":
+            # the attention cache as it is: a ring keeps its buffer (EulerReplay lays out anything else)
+            *rest, att = inputs
+            return as_list(self._fn(*[t.to(self.device).contiguous() for t in rest], att, trim=trim))
+        args = [logical(t).to(self.device).contiguous() for t in inputs]
         if isinstance(self._fn, EulerReplay):
             return as_list(self._fn(*args, trim=trim))
         return as_list(self._fn(*args))
@@ -252,8 +332,13 @@ class AOTIBackend(Backend):
             check_layout(table, (info.extra or {}).get("constant_strides", {}))
             runner.load_constants(table, check_full_update=True, user_managed=True)
             keep.append(table)
-        fn = CapturedCall(runner, *graph_inputs(info), device, self.pool(device)) if graphed else runner
-        if (info.extra or {}).get("cfm_step"):
-            fn = EulerReplay(fn, int(info.extra.get("n_steps", 10)), device,
-                             chunk_frames=info.extra.get("step_att") == "chunk_frames")
+        extra = info.extra or {}
+        form = extra.get("step_att", "whole") if extra.get("cfm_step") else None
+        fn = runner
+        if graphed:
+            # an in-place step's graph takes its blocks' buffers as one tensor (step_graph_inputs)
+            call = (lambda *a: runner(*a[:-1], *a[-1].unbind(0))) if form == "in_place" else runner
+            fn = CapturedCall(call, *graph_inputs(info), device, self.pool(device))
+        if form is not None:
+            fn = EulerReplay(fn, int(extra.get("n_steps", 10)), device, form)
         return AOTIEngine(info, fn, device, keep)

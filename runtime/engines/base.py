@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 import torch
 
 from c2w.runtime.errors import C2WUserError, check_shape
+from c2w.runtime.ring import logical
 from c2w.runtime.trim import CacheTrim, trim_last
 
 
@@ -57,11 +58,15 @@ class Engine(abc.ABC):
     `run_impl`: a backend never sees a tensor of another shape or dtype."""
 
     info: ArtifactInfo
+    takes_rings = False         # whether run_impl takes a runtime.ring.RingCache as it is
 
     def run(self, inputs: Sequence[torch.Tensor], trim: CacheTrim | None = None) -> list[torch.Tensor]:
         """Run on `inputs` (in `info.input_names` order, exact shapes); return outputs in order,
-        the last one (the attention cache of the encoder and the CFM) trimmed by `trim`."""
+        the last one (the attention cache of the encoder and the CFM) trimmed by `trim`. A cache
+        held as a RingCache reaches an engine that does not take rings as its logical tensor."""
         check_inputs(self.info, inputs)
+        if not self.takes_rings:
+            inputs = [logical(t) for t in inputs]
         return trim_last(self.run_impl(inputs, trim), trim)
 
     @abc.abstractmethod

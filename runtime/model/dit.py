@@ -1,7 +1,8 @@
 """The CFM estimator (a 16-block DiT) and the whole 10-step Euler solve with guidance.
 
 State-dict compatible with upstream `flow.pt` under `decoder.estimator.`. Written for export:
-every cache comes in and goes out as a tensor, nothing is mutated, the 10 timesteps are Python
+every cache comes in and goes out as a tensor and nothing is mutated (except in the in-place form
+of the attention caches, `att_slots`, which AOTI's Euler step uses), the 10 timesteps are Python
 constants (so the solve unrolls into one static graph), and the adaLN modulation, which depends
 on the timestep alone, is computed once per solver for all 10 steps (`CFMSolver.modulation_table`).
 """
@@ -132,6 +133,17 @@ class Attention(nn.Module):
         """x (b, T, dim) -> q, k, v (b, T, h * d) each: one product over the packed weight."""
         return tuple(parts(F.linear(x, self.qkv_weight, self.qkv_bias), 3, -1))
 
+    def _chunk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (b, T, dim) -> q (b, h, T, d) and the chunk's new cache frames [k | v] (b, h, T, 2d)."""
+        q, k, v = self.project(x)
+        return self.q_norm(self._heads(q)), torch.cat([self.k_norm(self._heads(k)), self._heads(v)], dim=-1)
+
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """q (b, h, T, d) attends to every frame of kv (b, h, S, 2d) -> (b, T, dim)."""
+        b, _, t, _ = q.shape
+        out = F.scaled_dot_product_attention(q, *parts(kv, 2, -1))
+        return self.proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
     def forward(self, x: torch.Tensor, att_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, dim); att_cache: (b, h, L, 2d) = [k | v] -> out (b, T, dim), cache (b, h, T+L, 2d).
 
@@ -143,14 +155,23 @@ class Attention(nn.Module):
         passed over the cache three times per block-step; Inductor had already fused those into
         one pass, so engines gained nothing: benchmarks/h200/README.md, run 5a.)
         """
-        b, t, _ = x.shape
-        q, k, v = self.project(x)
-        q, k, v = self.q_norm(self._heads(q)), self.k_norm(self._heads(k)), self._heads(v)
-        kv = torch.cat([torch.cat([k, v], dim=-1), att_cache], dim=2)           # (b, h, T+L, 2d)
-        k, v = parts(kv, 2, -1)
-        out = F.scaled_dot_product_attention(q, k, v)
-        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
-        return self.proj(out), kv
+        q, new = self._chunk(x)
+        kv = torch.cat([new, att_cache], dim=2)                                   # (b, h, T+L, 2d)
+        return self._attend(q, kv), kv
+
+    def forward_in_place(self, x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """`forward` with the cache updated in place: kv (b, h, S, 2d) holds the cache's frames in
+        any of its S slots; the chunk's T frames are written into the slots `slots` (T,) int64,
+        and the chunk attends to all S. -> out (b, T, dim).
+
+        Attention without a mask or positions does not depend on the order of its keys, so
+        where the frames sit changes nothing but rounding; only the trim, which keeps frames by
+        their place in upstream's order, needs to know it, and the caller keeps that order
+        (runtime.ring.RingCache). Nothing is concatenated or copied: the chunk's frames are the
+        only cache values written (design note 21)."""
+        q, new = self._chunk(x)
+        kv.index_copy_(2, slots, new)
+        return self._attend(q, kv)
 
 
 class CausalConvBlock(nn.Module):
@@ -256,12 +277,17 @@ class DiTBlock(nn.Module):
         self.conv = CausalConvBlock(d)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(d, 9 * d))
 
-    def modulated(self, x, mod, cnn_cache, att_cache):
+    def modulated(self, x, mod, cnn_cache, att_cache, att_slots=None):
         """x: (b, T, d); mod: its adaLN modulation (1 or b, 1, 9 d), from `DiT.modulation`;
-        caches as in Attention / CausalConvBlock."""
+        caches as in Attention / CausalConvBlock. With `att_slots`, att_cache is updated in place
+        (Attention.forward_in_place) and returned as the new cache."""
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp,
          shift_conv, scale_conv, gate_conv) = parts(mod, 9, -1)
-        a, new_att = self.attn(modulate(self.norm1(x), shift_msa, scale_msa), att_cache)
+        h = modulate(self.norm1(x), shift_msa, scale_msa)
+        if att_slots is None:
+            a, new_att = self.attn(h, att_cache)
+        else:
+            a, new_att = self.attn.forward_in_place(h, att_cache, att_slots), att_cache
         x = x + gate_msa * a
         c, new_cnn = self.conv(modulate(self.norm3(x), shift_conv, scale_conv), cnn_cache)
         x = x + gate_conv * c
@@ -314,24 +340,24 @@ class DiT(nn.Module):
         mods = [block.adaLN_modulation(temb) for block in self.blocks] + [self.final_layer.adaLN_modulation(temb)]
         return torch.cat(mods, dim=-1)
 
-    def modulated(self, h_in: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache: torch.Tensor,
-                  chunk_frames_only: bool = False):
+    def modulated(self, h_in: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, att_cache, att_slots=None):
         """`forward` given the modulation of its time (1, depth * 9 * hidden + 2 * hidden).
-        chunk_frames_only: return of each new attention cache only the chunk's own frames, its
-        first T (depth, 2B, heads, T, 2*head_dim): the rest is the input cache, unchanged, which a
-        caller that keeps it can place itself instead of receiving a copy (the AOTI step replay)."""
+        att_slots: update the attention caches in place (Attention.forward_in_place): att_cache is
+        then a sequence of depth buffers (2B, heads, S, 2*head_dim), one per block (per-block
+        tensors: a compiled step writes each where it is, where slices of one stacked input would
+        be rebuilt), the chunk's frames go to slots `att_slots` (T,) int64 of each, and the
+        returned attention cache is None."""
         width = 9 * self.cfg.hidden
-        T = h_in.shape[2]
         mod = mod.unsqueeze(1)
         x = self.in_proj(h_in.transpose(1, 2))
         cnns, atts = [], []
         for i, block in enumerate(self.blocks):
-            x, c, a = block.modulated(x, mod.narrow(-1, i * width, width), cnn_cache[i], att_cache[i])
+            x, c, a = block.modulated(x, mod.narrow(-1, i * width, width), cnn_cache[i], att_cache[i], att_slots)
             cnns.append(c)
-            atts.append(a.narrow(2, 0, T) if chunk_frames_only else a)
+            atts.append(a)
         final = mod.narrow(-1, len(self.blocks) * width, 2 * self.cfg.hidden)
         v = self.final_layer.modulated(x, final).transpose(1, 2)
-        return v, torch.stack(cnns), torch.stack(atts)
+        return v, torch.stack(cnns), None if att_slots is not None else torch.stack(atts)
 
 
 class CFMSolver(nn.Module):
@@ -355,14 +381,15 @@ class CFMSolver(nn.Module):
             table = estimator.modulation(torch.tensor(self.ts, dtype=torch.float32, device=w.device))
         self.register_buffer("modulation_table", table, persistent=False)
 
-    def step(self, mu, spk, cond, x, cnn_cache, att_cache, s, dt, chunk_frames_only: bool = False):
+    def step(self, mu, spk, cond, x, cnn_cache, att_cache, s, dt, att_slots=None):
         """Euler step `s` with guidance: x (B, 80, T) float32 -> x + dt * v_guided.
 
         mu, cond: (B, 80, T) float32; spk: (B, 192) float32 raw embedding; caches of THIS step:
         cnn (depth, 2B, 2*hidden, 2), att (depth, 2B, heads, L, 2*head_dim); s: the step's index, a
         Python int or a (1,) int64 tensor (one compiled step serves all of them); dt: a Python
         float or a (1,) float32 tensor. -> (x_next, new cnn cache, new att cache (depth, 2B, heads,
-        T + L, 2*head_dim), or with chunk_frames_only its first T frames: DiT.modulated).
+        T + L, 2*head_dim)). With att_slots the attention caches are updated in place, att_cache
+        being the depth per-block buffers, and the third result is None (DiT.modulated).
         """
         wdtype = self.estimator.in_proj.weight.dtype
         T = mu.shape[2]
@@ -377,7 +404,7 @@ class CFMSolver(nn.Module):
         ], dim=1)                                                                     # (2B, 320, T)
         table = self.modulation_table
         mod = table.narrow(0, s, 1) if isinstance(s, int) else table.index_select(0, s)
-        v, c, a = self.estimator.modulated(h_in, mod, cnn_cache, att_cache, chunk_frames_only)
+        v, c, a = self.estimator.modulated(h_in, mod, cnn_cache, att_cache, att_slots)
         v_cond, v_uncond = parts(v.float(), 2, 0)
         return x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_uncond), c, a
 

@@ -23,10 +23,11 @@ def cfm(B, T, L):
 
 
 def test_a_cfm_key_on_its_own_holds_its_step_inputs_outputs_and_per_layer_caches():
-    """cfm B=1 T=50 L=300 (h200.yaml), by hand: one Euler step's static inputs (mu, cond, x (1, 80,
-    50) f32, spk (1, 192) f32, the step's cnn cache (16, 2, 1024, 2) and att cache (16, 2, 8, 300,
-    128) f16, s, dt); its outputs (the att cache grown to 350 frames, x, cnn) in 2 MiB pages; its
-    16 per-layer caches (350 frames each) and activations, freed into the pool."""
+    """cfm B=1 T=50 L=300 (h200.yaml), by hand, as the step that returned its whole att cache was
+    measured (runs 10-14): one Euler step's static inputs (mu, cond, x (1, 80, 50) f32, spk (1, 192)
+    f32, the step's cnn cache (16, 2, 1024, 2) and att cache (16, 2, 8, 300, 128) f16, s, dt); its
+    outputs (the att cache grown to 350 frames, x, cnn) in 2 MiB pages; its 16 per-layer caches (350
+    frames each) and activations, freed into the pool."""
     static = 3 * 80 * 50 * 4 + 192 * 4 + 16 * 2 * 1024 * 2 * 2 + 16 * 2 * 8 * 300 * 128 * 2 + 8 + 4
     assert static == 19_840_652                                   # what run 10's key captured
     att = 16 * 2 * 8 * 350 * 128 * 2
@@ -34,78 +35,24 @@ def test_a_cfm_key_on_its_own_holds_its_step_inputs_outputs_and_per_layer_caches
     act = FITTED.cfm_activation * 1 * 50
     alone = PACKAGE_BYTES + static + pages(outputs) + pages(att) + pages(act)
     assert (pages(outputs), pages(att), pages(act)) == (24 * MIB, 22 * MIB, 2 * MIB)
-    assert estimate_bytes(FULL, cfm(1, 50, 300), "aoti", "cuda:0") == alone
+    assert GraphPoolSizes(FULL, {}, captured=True).cost(cfm(1, 50, 300), "whole") == alone
     # the process's first graph brings FITTED.first_capture bytes the later ones share
-    assert GraphPoolSizes(FULL, {}).add(cfm(1, 50, 300)) == alone + FITTED.first_capture
+    assert GraphPoolSizes(FULL, {}).add(cfm(1, 50, 300), "whole") == alone + FITTED.first_capture
 
 
-def test_a_hift_key_carries_its_package_constants_and_needs_workspace_per_sample():
-    """hift B=1 F=50 S=0: mel (1, 80, 50) and noise (1, 24000, 9) f32 static; its package's own
-    weights and tables; 24,000 samples of workspace; speech + source f32 outputs."""
-    key = ShapeKey.named("hift", "float32", B=1, F=50, S=0)
-    c = key_cost(FULL, key, {"hift": HIFT_WEIGHTS})
-    static = 80 * 50 * 4 + 24_000 * 9 * 4
-    assert c.own == PACKAGE_BYTES + static + HIFT_WEIGHTS + FITTED.hift_table * 50
-    assert c.outputs == 2 * 24_000 * 4
-    work = FITTED.hift_workspace_bytes("float32") * 24_000
-    assert c.parts == ((work, work // FITTED.hift_blocks),)      # (bytes, bytes per tensor)
-    assert estimate_bytes(FULL, key, "aoti", "cuda", {"hift": HIFT_WEIGHTS}) == c.own + pages(c.outputs) + pages(work)
-
-
-def test_a_key_too_large_to_capture_keeps_its_package_only_wherever_it_is_loaded():
-    """cfm B=32 T=150 L=400: one step's inputs are 808 MiB > GRAPH_MAX_BYTES, so it runs without a
-    graph (run 10 measured 2 MiB): its package, first or after other keys, and the pool stays."""
-    big = cfm(32, 150, 400)
-    assert key_cost(FULL, big, {}).captured is False
-    pool = GraphPoolSizes(FULL, {})
-    assert pool.add(big) == PACKAGE_BYTES and pool.extents == [] and not pool.captured
-    pool.add(cfm(4, 50, 400))
-    assert pool.cost(big) == pool.add(big) == PACKAGE_BYTES
-    assert estimate_bytes(FULL, big, "aoti", "cuda") == PACKAGE_BYTES
-
-
-def test_a_key_loaded_after_a_larger_one_of_its_component_reuses_its_freed_intermediates():
-    """After cfm B=8 T=50 L=400, the B=4 key's per-layer caches fit in the blocks the B=8 key freed:
-    it adds its package, inputs and outputs only, less than on its own; the outputs themselves
-    need new memory (the freed blocks are per-layer, smaller than the stacked cache)."""
-    small, large = cfm(4, 50, 400), cfm(8, 50, 400)
-    pool = GraphPoolSizes(FULL, {})
-    pool.add(large)
-    c = key_cost(FULL, small, {})
-    assert pool.cost(small) == c.own + pages(c.outputs) < estimate_bytes(FULL, small, "aoti", "cuda")
-    # the other way round: B=16's per-layer caches (29 MB each) are larger than the 20 MiB segments
-    # B=4's (7 MB) came in, so nothing B=4 freed holds them: B=16 pays them in full (only its small
-    # activations find room)
-    pool = GraphPoolSizes(FULL, {}, captured=True)
-    pool.add(small)
-    big = key_cost(FULL, cfm(16, 50, 400), {})
-    caches = big.parts[0][0]
-    assert big.own + pages(big.outputs) + pages(caches) <= pool.cost(cfm(16, 50, 400)) \
-        < estimate_bytes(FULL, cfm(16, 50, 400), "aoti", "cuda")
-
-
-def test_cost_does_not_change_the_pool_and_add_returns_what_cost_said():
-    keys = [cfm(8, 150, 400), cfm(2, 300, 0), ShapeKey.named("hift", "float32", B=4, F=58, S=3840),
-            ShapeKey.named("flow_encoder", "float16", B=8, N=28, C=400, last=0)]
-    pool = GraphPoolSizes(FULL, {"hift": HIFT_WEIGHTS})
-    for k in keys:
-        before = [list(x) for x in pool.extents]
-        n = pool.cost(k)
-        assert pool.extents == before
-        assert pool.add(k) == n
-    assert pool.captured
-
-
-def test_other_backends_and_devices_keep_the_order_free_estimate():
-    """Inputs twice plus the largest: AOTInductor on the CPU, ONNX Runtime and TensorRT anywhere."""
-    key = cfm(32, 150, 400)
-    order_free = estimate.order_free_bytes(FULL, key)
-    assert order_free > 20 * 2**30
-    for backend, device in (("aoti", "cpu"), ("onnxruntime", "cuda"), ("tensorrt", "cuda:0"), ("", "cpu")):
-        assert estimate_bytes(FULL, key, backend, device) == order_free
-        sizes = key_sizes(FULL, [key], backend, device, {})
-        assert isinstance(sizes, FixedSizes) and sizes.cost(key) == sizes.add(key) == order_free
-    assert isinstance(key_sizes(FULL, [key], "aoti", "cuda", {}), GraphPoolSizes)
+def test_an_in_place_cfm_key_holds_its_buffers_and_no_cache_output():
+    """The same key with the step built now (in place, runtime.units.CFMStepUnit): the static
+    inputs hold the slots (50 int64) and one step's buffers of T + L = 350 frames instead of the
+    300-frame cache; the outputs are x and the cnn cache only; no per-layer cache, only the
+    convolutions' padded inputs (2B, T + 2, hidden) per layer."""
+    static = 3 * 80 * 50 * 4 + 192 * 4 + 16 * 2 * 1024 * 2 * 2 + 8 + 4 + 50 * 8 + 16 * 2 * 8 * 350 * 128 * 2
+    outputs = 80 * 50 * 4 + 16 * 2 * 1024 * 2 * 2
+    pads = 16 * 2 * (2 * 52 * 512 * 2)                      # hidden 512
+    act = FITTED.cfm_activation * 1 * 50
+    alone = PACKAGE_BYTES + static + pages(outputs) + pages(pads) + pages(act)
+    assert (pages(outputs), pages(pads), pages(act)) == (2 * MIB, 4 * MIB, 2 * MIB)
+    assert estimate_bytes(FULL, cfm(1, 50, 300), "aoti", "cuda:0") == alone
+    assert GraphPoolSizes(FULL, {}, captured=True).cost(cfm(1, 50, 300), "in_place") == alone
 
 
 def replay(run: str, workspace_mib: int = 0) -> dict[str, tuple[str, int, int]]:

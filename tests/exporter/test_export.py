@@ -129,10 +129,11 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated, monkey
         # the load-crash signature (a statically linked libstdc++ in the model .so) is refused
         assert static_libstdcxx_objects(tmp_path / "aoti" / e.artifact) == []
     cfm = built["cfm-B1-T50-L150-float32"]
-    assert cfm.extra["cfm_step"] is True and cfm.extra["step_att"] == "chunk_frames"   # the chunk's frames of the att cache
+    assert cfm.extra["cfm_step"] is True and cfm.extra["step_att"] == "in_place"   # the att caches written in place
     # the package records the layout of the weights it binds by pointer (the DiT's tap-major conv
     # weights), and refuses the same values in another layout
     from c2w.runtime.engines.aoti import AOTIBackend
+    from c2w.runtime.ring import RingCache
     from c2w.runtime.trim import CacheTrim
     from c2w.runtime.units import SPECS
     from c2w.runtime.verify import artifact_info, unit_weights
@@ -141,12 +142,19 @@ def test_aoti_keys_build_and_pass_parity(tmp_path, measured_as_estimated, monkey
     weights = unit_weights(SPECS["cfm"].build(model, keys[1]))
     info = artifact_info(tmp_path / "aoti", cfm, model.cfg)
     engine = AOTIBackend().load(info, weights, torch.device("cpu"))
-    # given a stream's trim, the replay writes only the frames it keeps (T=50 + L=150 frames: the
-    # first 60 and the last 100), and they are the whole cache's
+    # handed a tensor, the in-place replay lays the cache out anew and hands back a tensor, which
+    # Engine.run trims (T=50 + L=150 frames: the first 60 and the last 100)
+    T, L = 50, 150
     trim, inputs = CacheTrim(60), SPECS["cfm"].example_inputs(model.cfg, keys[1])
     whole, trimmed = engine.run(inputs), engine.run(inputs, trim)
-    assert engine.run_impl(inputs, trim)[2].shape[-2] == 160      # written so, not trimmed after
     for a, b in zip(trimmed, whole[:2] + [trim.apply(whole[2])]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # handed a ring with T free slots (NaN here), the package writes the chunk's frames into that
+    # very buffer: same values (the same layout as the tensor path's), no new cache
+    buffer = torch.cat([torch.full_like(inputs[5][..., :T, :], float("nan")), inputs[5]], dim=-2)
+    got = engine.run(inputs[:5] + [RingCache(buffer, range(T, T + L))], trim)
+    assert isinstance(got[2], RingCache) and got[2].buffer is buffer and got[2].frames == 160
+    for a, b in zip(got[:2] + [got[2].logical()], trimmed):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     engine.release()
     contiguous = {fqn: (t.contiguous() if fqn in strides else t) for fqn, t in weights.items()}
@@ -216,12 +224,12 @@ def test_a_units_revision_rebuilds_its_keys_of_that_backend_only(tmp_path, monke
         for e in entries:
             e.status, e.error = ex.Status.FAILED, "not built in this test"
     monkeypatch.setattr(ex, "_build_group", not_built)
-    assert SPECS["cfm"].revisions == {"aoti": 3, "onnxruntime": 1, "tensorrt": 1}
+    assert SPECS["cfm"].revisions == {"aoti": 4, "onnxruntime": 1, "tensorrt": 1}
     assert SPECS["hift"].revisions == {"aoti": 2}
     assert SPECS["flow_encoder"].revisions == {"aoti": 1, "onnxruntime": 1, "tensorrt": 1}
     for backend in ("aoti", "onnxruntime"):
         ex.export_profile(dataclasses.replace(small_profile(), backend=backend), tmp_path / backend)
-    assert seen == {("aoti", "cfm"): 3, ("aoti", "hift"): 2, ("aoti", "flow_encoder"): 1,
+    assert seen == {("aoti", "cfm"): 4, ("aoti", "hift"): 2, ("aoti", "flow_encoder"): 1,
                     ("onnxruntime", "cfm"): 1, ("onnxruntime", "hift"): 0, ("onnxruntime", "flow_encoder"): 1}
 
 

@@ -67,40 +67,80 @@ def test_eager_runner_and_engine_cache_share_one_module_per_module_key(model, tm
 
 
 @pytest.mark.parametrize("key", [CFM, ShapeKey.named("cfm", "float32", B=1, T=30, L=0)], ids=["cache", "prompt"])
-def test_the_step_of_chunk_frames_replayed_is_the_whole_solve(model, key):
-    """AOTI's CFM step returns of each new attention cache only the chunk's T frames; EulerReplay
-    puts each step's input cache after them. Replayed over the eager step, the solve's three
-    outputs equal the unit's exactly (the same ops on the same inputs, CPU), with a cache and
-    for a prompt (L=0: nothing to place)."""
+def test_the_in_place_step_replayed_is_the_whole_solve(model, key):
+    """AOTI's CFM step writes the chunk's frames into slots of per-block buffers and attends to
+    all of them; EulerReplay, handed the cache as a tensor, lays it out after the chunk's T slots
+    (upstream's order). Replayed over the eager step, the solve's three outputs equal the unit's
+    exactly (the same ops on the same values in the same order, CPU), with a cache and for a
+    prompt (L=0)."""
     from c2w.runtime.engines.aoti import EulerReplay
     cfg, spec = model.cfg, SPECS["cfm"]
     inputs = spec.example_inputs(cfg, key)
-    T, L = inputs[0].shape[2], inputs[5].shape[-2]
-    assert L == key.dim("L")
+    T = inputs[0].shape[2]
+    assert inputs[5].shape[-2] == key.dim("L")
     with torch.no_grad():
         want = spec.build(model, key)(*inputs)
         step = spec.export_variant.build(model)
-        _, _, att = step(*spec.export_variant.inputs(cfg, inputs))
-        assert att.shape == want[2].shape[1:-2] + (T, want[2].shape[-1])
-        got = EulerReplay(step, cfg.n_timesteps, torch.device("cpu"), chunk_frames=True)(*inputs)
+        got = EulerReplay(step, cfg.n_timesteps, torch.device("cpu"), "in_place")(*inputs)
     assert [t.shape for t in got] == [t.shape for t in want]
     for name, a, b in zip(spec.output_names, got, want):
         assert torch.equal(a, b), name
     assert torch.equal(got[2][..., T:, :], inputs[5])          # upstream order: the chunk first, then the cache
 
 
-def test_only_the_cfm_has_an_export_variant_one_euler_step(model):
+def test_a_stream_solved_in_place_chunk_after_chunk_is_the_eager_stream(model):
+    """Four chunks of one stream (T=40, a 40-frame prompt), its attention cache trimmed to
+    P + 100 = 102 frames after each, handed back as the stream driver hands it (RingCache.of).
+    Until a chunk finds exactly T free slots the replay lays the cache out anew (chunk 1: 80
+    frames, none free; chunk 2: 102 in 120 slots, 18 free); from then on each chunk writes its 40
+    frames into the 40 slots the trim freed, in the same buffer (chunk 3). Each chunk's outputs
+    and the cache in upstream's order match the eager unit fed its own trimmed caches (CPU, fp32:
+    only the keys' order differs, so only rounding: rtol 1e-5, atol 1e-6)."""
+    from c2w.runtime.engines.aoti import EulerReplay
+    from c2w.runtime.ring import RingCache
+    from c2w.runtime.trim import CacheTrim
+    cfg, spec, trim = model.cfg, SPECS["cfm"], CacheTrim(2)
+    key = ShapeKey.named("cfm", "float32", B=1, T=40, L=40)
+    g = torch.Generator().manual_seed(5)
+    first = spec.example_inputs(cfg, key)
+    with torch.no_grad():
+        unit, step = spec.build(model, key), spec.export_variant.build(model)
+        replay = EulerReplay(step, cfg.n_timesteps, torch.device("cpu"), "in_place")
+        want_att, got_att, buffers = first[5], first[5], []
+        for chunk in range(4):
+            mu, spk, cond, x0 = [torch.randn(t.shape, generator=g) for t in first[:4]]
+            cnn = first[4] if chunk == 0 else want[1]
+            want = unit(mu, spk, cond, x0, cnn, want_att)
+            want_att = trim.apply(want[2])
+            att_in = got_att if chunk == 0 else RingCache.of(got_att)
+            got = replay(mu, spk, cond, x0, cnn if chunk == 0 else got[1], att_in, trim=trim)
+            got_att = got[2]
+            assert isinstance(got_att, RingCache if chunk else torch.Tensor)
+            for a, b in zip(got[:2] + (RingCache.of(got_att).logical(),), want[:2] + (want_att,)):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            if chunk:
+                buffers.append(got_att.buffer)
+    assert want_att.shape[-2] == 102 and got_att.frames == 102
+    assert [b.shape[-2] for b in buffers] == [120, 142, 142] and buffers[2] is buffers[1]   # chunk 3: in place
+
+
+def test_only_the_cfm_has_an_export_variant_one_in_place_euler_step(model):
     assert SPECS["flow_encoder"].export_variant is None and SPECS["hift"].export_variant is None
     variant = SPECS["cfm"].export_variant
     cfg = model.cfg
-    assert variant.extra(cfg) == {"cfm_step": True, "n_steps": cfg.n_timesteps, "step_att": "chunk_frames"}
+    assert variant.extra(cfg) == {"cfm_step": True, "n_steps": cfg.n_timesteps, "step_att": "in_place"}
     assert isinstance(variant.build(model), CFMStepUnit)
     inputs = SPECS["cfm"].example_inputs(cfg, CFM)
+    T, L = inputs[0].shape[2], inputs[5].shape[-2]
     step = variant.inputs(cfg, inputs)
+    assert len(step) == 8 + cfg.dit.depth
     assert [t.shape for t in step[:4]] == [t.shape for t in inputs[:4]]
-    assert torch.equal(step[4], inputs[4][0]) and torch.equal(step[5], inputs[5][0])   # step 0's caches
-    assert step[4].is_contiguous() and step[5].is_contiguous()
-    assert step[6].tolist() == [0.0] and step[7].tolist() == pytest.approx([0.1])       # t, dt
+    assert torch.equal(step[4], inputs[4][0]) and step[4].is_contiguous()             # step 0's cnn cache
+    assert step[5].tolist() == [0] and step[6].tolist() == pytest.approx([0.1])        # s, dt
+    assert step[7].tolist() == list(range(T))                                          # the chunk's slots
+    for i, buffer in enumerate(step[8:]):                     # step 0's att cache, block i, after T slots
+        assert buffer.shape[-2] == T + L and buffer.is_contiguous()
+        assert torch.equal(buffer[..., T:, :], inputs[5][0, i])
 
 
 def test_dynamic_dims_and_ranges_per_component():

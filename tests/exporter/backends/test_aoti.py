@@ -176,8 +176,9 @@ def test_build_compiles_the_specs_export_variant_where_it_has_one(monkeypatch, t
     (got_unit, args), = seen
     if component == "cfm":
         assert isinstance(got_unit, CFMStepUnit) and not got_unit.training
+        T, att = inputs[0].shape[2], inputs[5].shape    # per block: a buffer of T + L frames
         assert [tuple(a.shape) for a in args] == [tuple(t.shape) for t in inputs[:4]] + [
-            tuple(inputs[4].shape[1:]), tuple(inputs[5].shape[1:]), (1,), (1,)]
+            tuple(inputs[4].shape[1:]), (1,), (1,), (T,)] + [(*att[2:4], T + att[4], att[5])] * att[1]
     else:
         assert got_unit is unit and [a is t for a, t in zip(args, inputs)] == [True, True]
 

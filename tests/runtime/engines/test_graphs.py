@@ -291,8 +291,8 @@ def test_a_step_of_chunk_frames_replays_to_the_whole_cache(cuda):
     shapes = [(1, 2, 3), (1, 2), (1, 2, 3), (1, 2, 3), (1, 4), (1, 5, 2), (1,), (1,)]
     dtypes = [torch.float32] * 6 + [torch.int64, torch.float32]
     want_of = EulerReplay(whole, 10, CPU)
-    replays = [EulerReplay(chunk, 10, CPU, chunk_frames=True),
-               EulerReplay(CapturedCall(cuda.kernel(chunk), shapes, dtypes, CPU), 10, CPU, chunk_frames=True)]
+    replays = [EulerReplay(chunk, 10, CPU, "chunk_frames"),
+               EulerReplay(CapturedCall(cuda.kernel(chunk), shapes, dtypes, CPU), 10, CPU, "chunk_frames")]
     g = torch.Generator().manual_seed(3)
     args = [torch.randn(s, generator=g) for s in shapes[:4]] + [
         torch.randn(10, 1, 4, generator=g), torch.randn(10, 1, 5, 2, generator=g)]
@@ -331,14 +331,100 @@ def test_a_replay_of_chunk_frames_writes_only_what_the_trim_keeps(cuda, P, writt
     trim = CacheTrim(P)
     want = EulerReplay(whole, 10, CPU)(*args)
     want = want[:2] + (trim.apply(want[2]),)
-    graphed = EulerReplay(CapturedCall(cuda.kernel(chunk), shapes, dtypes, CPU), 10, CPU, chunk_frames=True)
-    for replay in (EulerReplay(chunk, 10, CPU, chunk_frames=True), graphed):
+    graphed = EulerReplay(CapturedCall(cuda.kernel(chunk), shapes, dtypes, CPU), 10, CPU, "chunk_frames")
+    for replay in (EulerReplay(chunk, 10, CPU, "chunk_frames"), graphed):
         got = replay(*args, trim=trim)
         assert got[2].shape == (10, 1, written, 2)
         got = got[:2] + (trim.apply(got[2]),)                 # what AOTIEngine.run returns
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
     graphed.release()
+
+
+def _in_place_step(mu, spk, cond, x, cnn, s, dt, slots, *buffers):
+    """A toy in-place Euler step (runtime.units.CFMStepUnit's form): the chunk's frames go into
+    slots `slots` of each buffer, and x moves by the mean over ALL of a buffer's frames (order-free,
+    as attention without a mask is)."""
+    new = torch.stack([x, -x]).transpose(-1, -2) * (s + 1)          # (2, 1, T, 2): the chunk's frames
+    for buffer in buffers:
+        buffer.index_copy_(-2, slots, new)
+    pull = sum(b.mean(dim=(0, 2)) for b in buffers)                  # (1, 2)
+    return x + dt * (mu + cond + spk[..., None] * s + pull[..., None]), cnn * 0.5 + s
+
+
+def _in_place_reference(mu, spk, cond, x0, cnn, att):
+    """What the in-place step computes, upstream's way: each step's new cache = [chunk | input]."""
+    from c2w.runtime.model.dit import euler_schedule
+    _, dts = euler_schedule(10)
+    x, cnns, atts = x0, [], []
+    for s in range(10):
+        new = torch.stack([x, -x]).transpose(-1, -2) * (s + 1)
+        kv = torch.cat([new.unsqueeze(0).expand(att.shape[1], -1, -1, -1, -1), att[s]], dim=-2)
+        pull = sum(block.mean(dim=(0, 2)) for block in kv)            # as the step sums
+        x = x + dts[s] * (mu + cond + spk[..., None] * s + pull[..., None])
+        cnns.append(cnn[s] * 0.5 + s)
+        atts.append(kv)
+    return x, torch.stack(cnns), torch.stack(atts)
+
+
+def _in_place_replays(cuda, T, L):
+    from c2w.runtime.engines.aoti import EulerReplay, step_graph_inputs
+    # unit inputs: mu, spk, cond, x0 (B=1, 2 bins, T), cnn (10, 1, 4), att (10, depth 2, 2B=2, 1 head, L, 2)
+    shapes, dtypes = step_graph_inputs([(1, 2, T), (1, 2), (1, 2, T), (1, 2, T), (10, 1, 4), (10, 2, 2, 1, L, 2)],
+                                       [torch.float32] * 6)
+    assert shapes[-2:] == [(T,), (2, 2, 1, T + L, 2)] and dtypes[-2:] == [torch.int64, torch.float32]
+    graphed = CapturedCall(cuda.kernel(lambda *a: _in_place_step(*a[:-1], *a[-1].unbind(0))), shapes, dtypes, CPU)
+    return {"plain": EulerReplay(_in_place_step, 10, CPU, "in_place"),
+            "graphed": EulerReplay(graphed, 10, CPU, "in_place")}
+
+
+def _stream_inputs(g, T, L):
+    return [torch.randn(s, generator=g) for s in ((1, 2, T), (1, 2), (1, 2, T), (1, 2, T), (10, 1, 4),
+                                                   (10, 2, 2, 1, L, 2))]
+
+
+@pytest.mark.parametrize("form", ["plain", "graphed"])
+def test_an_in_place_step_replays_to_upstreams_cache_from_a_tensor(cuda, form):
+    """Handed the cache as a tensor, the in-place replay lays it out after the chunk's T slots
+    and returns the new cache as a tensor in upstream's order, graphed or not: exactly what the
+    step computes upstream's way (the same sums in the same order)."""
+    replay = _in_place_replays(cuda, 3, 5)[form]
+    args = _stream_inputs(torch.Generator().manual_seed(3), 3, 5)
+    got, want = replay(*args), _in_place_reference(*args)
+    assert [tuple(t.shape) for t in got] == [(1, 2, 3), (10, 1, 4), (10, 2, 2, 1, 8, 2)]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    replay.release()
+
+
+@pytest.mark.parametrize("form", ["plain", "graphed"])
+def test_an_in_place_replay_keeps_a_streams_cache_in_its_buffer(cuda, form):
+    """A stream's chunks at its steady key (T=3, L=102: the trim keeps P + 100 = 102 frames),
+    each handed the last one's ring. Chunk 0's ring fills its buffer (no slot free): the cache is
+    laid out anew in T + L = 105 slots; from chunk 1 on, the trim has freed exactly T slots, the
+    chunk writes its frames there and the ring keeps its buffer. Graphed or not, each chunk
+    matches upstream's way fed its own trimmed cache (only the sums' order differs: rtol 1e-5,
+    atol 1e-6)."""
+    from c2w.runtime.ring import RingCache
+    from c2w.runtime.trim import CacheTrim
+    replay, trim = _in_place_replays(cuda, 3, 102)[form], CacheTrim(2)
+    g = torch.Generator().manual_seed(4)
+    *_, cnn, att = _stream_inputs(g, 3, 102)
+    want_att, got_att, buffers = att, RingCache.of(att), []
+    for chunk in range(4):
+        mu, spk, cond, x0 = _stream_inputs(g, 3, 1)[:4]
+        want = _in_place_reference(mu, spk, cond, x0, cnn, want_att)
+        want_att = trim.apply(want[2])
+        got = replay(mu, spk, cond, x0, cnn, got_att, trim=trim)
+        got_att = got[2]
+        assert isinstance(got_att, RingCache) and got_att.frames == want_att.shape[-2] == 102
+        for a, b in zip(got[:2] + (got_att.logical(),), want[:2] + (want_att,)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        buffers.append(got_att.buffer)
+        cnn = want[1]
+    assert buffers[0].shape[-2] == 105 and buffers[0] is not att
+    assert buffers[0] is buffers[1] is buffers[2] is buffers[3]
+    replay.release()
 
 
 def test_the_cfm_replays_one_graph_per_euler_step(cuda):
