@@ -48,6 +48,8 @@ from c2w.runtime.model.config import preset  # noqa: E402
 from c2w.runtime.model.dit import Attention, CausalConvBlock, parts  # noqa: E402
 from c2w.runtime.model.flow import FlowModel  # noqa: E402
 from c2w.runtime.model.weights import init_random_  # noqa: E402
+from c2w.runtime.ring import RingCache  # noqa: E402
+from c2w.runtime.trim import KEEP_RECENT, CacheTrim  # noqa: E402
 from c2w.runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
 from c2w.runtime.verify import unit_weights  # noqa: E402
 
@@ -139,6 +141,38 @@ def allocator_counts(solve, dev, solves: int = 10) -> dict:
     return {k: (after.get(k, 0) - before.get(k, 0)) / solves for k in ALLOCATOR_COUNTS}
 
 
+def served_forms(info, weights, x, dev, reps: int) -> dict:
+    """The engine as the stream driver runs it (AOTIBackend's defaults: graphed up to its byte bar),
+    given a steady stream's trim (P = L - 100: a chunk's T + L frames trimmed back to L). From a
+    tensor, as every AOTI step form can be handed the cache; and for an in-place step (manifest
+    extra step_att "in_place") as a stream runs it once its trim frees exactly T slots: each solve
+    handed the ring the last one returned, so no cache frame moves (design note 21). Kernel tables
+    of one solve of each."""
+    T, L = x[0].shape[2], x[5].shape[-2]
+    trim = CacheTrim(L - KEEP_RECENT)
+    served = AOTIBackend().load(info, weights, dev)
+    out = {"graphed": isinstance(served._fn.step, CapturedCall), "trim_P": L - KEEP_RECENT,
+           "step_att": (info.extra or {}).get("step_att", "whole")}
+    out["from_tensor"] = timed(lambda: served.run(x, trim), dev, 3, reps)
+    out["profile_from_tensor"] = profile_kernels(lambda: served.run(x, trim))
+    if out["step_att"] == "in_place":
+        want = served.run(x, trim)
+        # the layout the replay gives a tensor, as a ring: the same values, bit for bit
+        buffer = torch.cat([torch.zeros_like(x[5][..., :T, :]), x[5]], dim=-2)
+        first = served.run(x[:5] + [RingCache(buffer, range(T, T + L))], trim)
+        out["ring_equals_tensor"] = all(torch.equal(a, b) for a, b in zip(first[:2] + [first[2].logical()], want))
+        del want
+        ring = {"now": first[2]}
+
+        def steady():
+            ring["now"] = served.run(x[:5] + [ring["now"]], trim)[2]
+        out["ring_steady"] = timed(steady, dev, 3, reps)
+        out["ring_kept_its_buffer"] = ring["now"].buffer is buffer
+        out["profile_ring_steady"] = profile_kernels(steady)
+    served.release()
+    return out
+
+
 class _Model:
     def __init__(self, flow, cfg):
         self.flow, self.cfg = flow, cfg
@@ -171,6 +205,10 @@ def main() -> None:
     if bool(a.triton_rows) != bool(a.tiles):
         raise SystemExit("--triton-rows and --tiles go together: the rows fused, and each product's tile")
     dev = torch.device("cuda")
+    if ATTENTION[a.attn] and SPECS["cfm"].export_variant.extra(preset("full")).get("step_att") == "in_place":
+        raise SystemExit(f"--attn {a.attn} patches Attention.forward, which the in-place Euler step (AOTI revision 4) "
+                         "does not call: it measures eager only. Run it from a commit before the in-place step "
+                         "(6cdc99c) to reproduce runs 5-19.")
     if ATTENTION[a.attn]:
         Attention.forward = ATTENTION[a.attn]
     if CONV[a.conv]:
@@ -240,6 +278,7 @@ def main() -> None:
         plain = AOTIBackend(cuda_graphs=False).load(info, weights, dev)
         res["engine"] = timed(lambda: plain.run(x), dev, 3, a.reps)
         res["allocator_per_solve"] = allocator_counts(lambda: plain.run(x), dev)
+        res["served"] = served_forms(info, weights, x, dev, a.reps)
         try:
             res["profile"] = profile_kernels(lambda: plain.run(x))
         except Exception as exc:          # noqa: BLE001 - profiler API drift: the timings above still count
@@ -253,6 +292,13 @@ def main() -> None:
           f"{p['kernel_ms_per_solve']:.2f} ms, mean {p['mean_kernel_us']:.1f} us; build {build_s:.0f} s; mel SNR vs fp32 "
           f"{res['mel_snr_db_vs_fp32']:.1f} dB (eager fp16 {res['eager_mel_snr_db_vs_fp32']:.1f})", flush=True)
     print("   allocator per ungraphed solve: " + ", ".join(f"{k} {v:g}" for k, v in res["allocator_per_solve"].items()))
+    sv = res["served"]
+    print(f"   served ({sv['step_att']} step, {'graphed' if sv['graphed'] else 'no graph'}), trim P={sv['trim_P']}: "
+          f"from a tensor {sv['from_tensor']['median_ms']:.2f} ms ({sv['profile_from_tensor']['kernels_per_solve']} "
+          f"kernels, {sv['profile_from_tensor']['kernel_ms_per_solve']:.2f} ms)" + (
+              f"; steady ring {sv['ring_steady']['median_ms']:.2f} ms ({sv['profile_ring_steady']['kernels_per_solve']} "
+              f"kernels, {sv['profile_ring_steady']['kernel_ms_per_solve']:.2f} ms), ring = tensor: "
+              f"{sv['ring_equals_tensor']}, buffer kept: {sv['ring_kept_its_buffer']}" if "ring_steady" in sv else ""))
     for t in p["top"][:8]:
         print(f"   {t['count']:5d} x  {t['ms']:7.3f} ms  {t['name']}")
 

@@ -88,10 +88,14 @@ def profile_kernels(fn, top: int = 40) -> dict:
             "top": [{"name": n, "count": c, "ms": t / 1e3} for n, (c, t) in ranked]}
 
 
-def table(paths: list[Path]) -> str:
+def table(paths: list[Path], where: str = "profile") -> str:
+    """where: the profile object's place in each JSON file, a dotted path ("profile"; cfm_profile.py's
+    served solves: "served.profile_from_tensor", "served.profile_ring_steady")."""
     cols = []
     for p in paths:
-        prof = json.loads(p.read_text())["profile"]
+        prof = json.loads(p.read_text())
+        for part in where.split("."):
+            prof = prof[part]
         by: dict[str, list[float]] = {}
         for k in prof["top"]:
             c = by.setdefault(classify(k["name"]), [0, 0.0])
@@ -114,7 +118,10 @@ def table(paths: list[Path]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json", type=Path, nargs="+", help="cfm_profile.py result files")
-    print(table(ap.parse_args(argv).json))
+    ap.add_argument("--profile", default="profile",
+                    help="the profile's dotted path in each file, e.g. served.profile_ring_steady")
+    a = ap.parse_args(argv)
+    print(table(a.json, a.profile))
     return 0
 
 
