@@ -27,7 +27,12 @@ from c2w.runtime.units import DTYPE_NAMES, SPECS, ShapeKey
 
 @dataclass
 class StreamState:
-    """Everything one batch of streams carries between chunks (all tensors on the model's device)."""
+    """Everything one batch of streams carries between chunks (all tensors on the model's device).
+
+    `StreamDriver.step` replaces these fields, and an in-place engine writes the next chunk's
+    frames into free slots of the estimator cache's buffer when it is a RingCache: to run two
+    chunks from one state, give the second its own copy of the caches (RingCache.clone keeps
+    the layout)."""
     prompt_frames: int                 # P
     spk: torch.Tensor                  # (B, 192) raw speaker embedding
     conformer_cnn: torch.Tensor        # (B, width, 6)

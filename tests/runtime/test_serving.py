@@ -22,6 +22,7 @@ import torch
 
 from c2w import runtime
 from c2w.runtime.errors import C2WUserError
+from c2w.runtime.ring import RingCache
 from c2w.runtime.serving import plan_batches
 from c2w.runtime.slots import ServerFullError
 from c2w.runtime.units import EagerRunner, ShapeKey, rel_l2
@@ -194,27 +195,85 @@ def test_voice_cache_reuses_a_prompts_set_up(rt):
         assert srv.stats().get("voice_hits", 0) == 0 and srv.stats()["voices"] == 0
 
 
-def test_resident_batches_run_in_place_and_hand_streams_back(rt, recorded):
-    """Two streams in lockstep run their batch in place (no gather or scatter); when one skips a
-    round and later rejoins, rows are written back to the slots and gathered again. Every
-    chunk still matches the stream served alone."""
+def serve_lockstep_with_a_gap(rt, chunks: int = 5, gap: int = 3):
+    """Two streams in lockstep, the second (one chunk shorter) sitting out round `gap` and
+    rejoining after. Returns the streams, their pcm per chunk and the server's stats."""
     cfg = rt.model.cfg
-    a, b = make_stream(cfg, 950, 5), make_stream(cfg, 951, 4)      # 6 and 5 chunks, the last marked
+    a, b = make_stream(cfg, 950, chunks), make_stream(cfg, 951, chunks - 1)   # each and its last chunk
     got = {0: [], 1: []}
     with rt.serve(max_streams=2, max_wait_ms=50) as srv:
         ha, hb = srv.open_stream(*a[:3]), srv.open_stream(*b[:3])
-        for c in range(6):                                           # b sits out round 3
-            pairs = [(0, ha, a[3][c])] + ([] if c == 3 else [(1, hb, b[3][c if c < 3 else c - 1])])
+        for c in range(chunks + 1):
+            pairs = [(0, ha, a[3][c])] + ([] if c == gap else [(1, hb, b[3][c if c < gap else c - 1])])
             futs = srv.submit_many([(h, t, last) for _, h, (t, last) in pairs])
             for (i, _, _), f in zip(pairs, futs):
                 got[i].append(f.result(timeout=120))
         stats = srv.stats()
+    return (a, b), got, stats
+
+
+def test_resident_batches_run_in_place_and_hand_streams_back(rt, recorded):
+    """Two streams in lockstep run their batch in place (no gather or scatter); when one skips a
+    round and later rejoins, rows are written back to the slots and gathered again. Every
+    chunk still matches the stream served alone."""
+    streams, got, stats = serve_lockstep_with_a_gap(rt)
     assert stats["in_place_calls"] >= 2 and stats["flushed_rows"] >= 2, stats
-    for i, s in enumerate((a, b)):
+    for i, s in enumerate(streams):
         pcm, mel = alone(rt, s)
         assert len(got[i]) == len(pcm) == len(recorded.mels[tag_of(s)])
         assert all(rel_l2(x, y) <= MEL_TOL for x, y in zip(recorded.mels[tag_of(s)], mel))
         assert all(x.shape == y.shape and rel_l2(x, y) <= PCM_TOL for x, y in zip(got[i], pcm))
+
+
+class InPlaceCFM:
+    """Wraps a runner; hands the estimator cache back as AOTI's in-place Euler replay does
+    (runtime.engines.aoti.EulerReplay, form "in_place"), with the values the wrapped runner
+    computes: given a ring with exactly T free slots, the chunk's frames go into those slots of
+    the same buffer and the trim only shortens the order; otherwise the cache is laid out anew
+    ([the chunk's T slots | the frames in order]). Before it writes, it checks that the slots it
+    writes hold no frame of the ring it was handed."""
+
+    def __init__(self, runner):
+        self.runner, self.in_place, self.laid_out = runner, 0, 0
+
+    def run(self, key, inputs, trim=None):
+        if key.component != "cfm" or key.dim("L") == 0:
+            return self.runner.run(key, inputs, trim)
+        ring, T = inputs[5], key.dim("T")
+        assert isinstance(ring, RingCache), type(ring)            # the driver hands the cache as a ring
+        before = ring.logical().clone()
+        mel, cnn, att = self.runner.run(key, [*inputs[:5], ring.logical()])   # [chunk T | cache L], untrimmed
+        free = ring.free()
+        if len(free) == T:
+            assert not set(free) & set(ring.order)
+            ring.buffer.index_copy_(-2, torch.tensor(free), att[..., :T, :])
+            new, self.in_place = RingCache(ring.buffer, [*free, *ring.order]), self.in_place + 1
+        else:
+            new, self.laid_out = RingCache.of(att), self.laid_out + 1
+        assert torch.equal(ring.logical(), before)               # the input's cache is unchanged
+        return mel, cnn, trim.apply(new) if trim is not None else new
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def test_a_server_keeps_an_in_place_cache_where_the_engine_wrote_it(rt):
+    """With a CFM that updates its cache in place (InPlaceCFM), resident batches carry the ring
+    from chunk to chunk, a stream that leaves its batch is written back to its slot from the
+    ring's runs, and every chunk's audio is bit-identical to the same schedule served with
+    plain tensors. The prompt is 100 frames and a chunk 50, so the trim first drops frames at
+    round 2 (the first stream alone, its partner written back); they run together from round 3
+    (gathered: laid out anew), in place from round 4 until the shorter last chunk."""
+    _, want, _ = serve_lockstep_with_a_gap(rt, chunks=7, gap=2)
+    ring = InPlaceCFM(rt.cache)
+    rt.driver.runner = ring
+    try:
+        _, got, stats = serve_lockstep_with_a_gap(rt, chunks=7, gap=2)
+    finally:
+        rt.driver.runner = rt.cache
+    assert ring.in_place >= 2 and ring.laid_out >= 2 and stats["flushed_rows"] >= 2, (ring.in_place, stats)
+    for i in want:
+        assert len(got[i]) == len(want[i]) and all(torch.equal(x, y) for x, y in zip(got[i], want[i])), i
 
 
 def serve_two_cohorts(rt, lanes: int):
