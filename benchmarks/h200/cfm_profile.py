@@ -178,6 +178,27 @@ class _Model:
         self.flow, self.cfg = flow, cfg
 
 
+def models(depth: int, dev: torch.device) -> tuple[_Model, _Model]:
+    """The full-width flow model cut to `depth` DiT blocks with seeded weights (seed 0), on `dev`:
+    as served (estimator and speaker projection in float16) and a float32 copy (the SNR reference)."""
+    full = preset("full")
+    cfg = dataclasses.replace(full, dit=dataclasses.replace(full.dit, depth=depth))
+    flow = FlowModel(cfg)
+    init_random_(flow, 0)
+    flow.eval().to(dev)
+    flow32 = _Model(copy.deepcopy(flow), cfg)
+    flow.decoder.estimator.half()
+    flow.spk_embed_affine_layer.half()
+    return _Model(flow, cfg), flow32
+
+
+def artifact_info(path: Path, key: ShapeKey, x: list, extra: dict) -> ArtifactInfo:
+    """The manifest entry of the CFM package at `path`, built for `key` on example inputs `x`."""
+    spec = SPECS["cfm"]
+    return ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
+                        tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
@@ -214,15 +235,8 @@ def main() -> None:
     if CONV[a.conv]:
         CausalConvBlock._conv = lambda self, conv, h: CONV[a.conv](conv, h)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    full = preset("full")
-    cfg = dataclasses.replace(full, dit=dataclasses.replace(full.dit, depth=a.depth))
-    flow = FlowModel(cfg)
-    init_random_(flow, 0)
-    flow.eval().to(dev)
-    flow32 = _Model(copy.deepcopy(flow), cfg)
-    flow.decoder.estimator.half()
-    flow.spk_embed_affine_layer.half()
-    model = _Model(flow, cfg)
+    model, flow32 = models(a.depth, dev)
+    cfg = model.cfg
     key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
     spec = SPECS["cfm"]
     unit = spec.build(model, key).eval()
@@ -242,19 +256,18 @@ def main() -> None:
             from benchmarks.h200 import fused_dit
             tiles = fused_dit.load_tiles(a.tiles.split(","))
             print(f"fused products and tiles: {tiles}", flush=True)
-            fused_dit.apply(flow.decoder.estimator, a.triton_rows, tiles)
+            fused_dit.apply(model.flow.decoder.estimator, a.triton_rows, tiles)
         try:
             extra = build_aoti(model, unit, key, x, path)
         finally:
             if a.triton_rows:
-                fused_dit.apply(flow.decoder.estimator, 0)
+                fused_dit.apply(model.flow.decoder.estimator, 0)
         build_s = time.time() - t0
         built.write_text(json.dumps({"extra": extra, "build_s": build_s, "tiles": tiles if a.triton_rows else {}}))
         if a.phase == "build":
             print(f"{name}: built in {build_s:.0f} s", flush=True)
             return
-    info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
-                        tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
+    info = artifact_info(path, key, x, extra)
     weights = unit_weights(unit)
     res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "tag": a.tag, "attn": a.attn, "conv": a.conv,
            "triton_rows": a.triton_rows, "fused_tiles": tiles if a.triton_rows else {},

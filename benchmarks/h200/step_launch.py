@@ -1,0 +1,240 @@
+"""How the host launches the CFM's ungraphed in-place Euler step, and what one CUDA graph over a
+stream's own ring buffer would save (issue #15). At B=32 AOTIBackend captures no graph: one
+step's static inputs would be its blocks' whole attention buffers (over 1 GB), so each step is
+the package's own run.
+
+The in-place step (AOTI revision 4) served to a steady stream at B, T, L, each solve handed the
+ring the previous one returned (cfm_profile.served_forms), timed per 10-step solve:
+  - served: the engine as AOTIBackend loads it at this size, the runner's thread-safe `run`. Its
+    container has one model instance, and a call that finds it busy waits on the host for that
+    instance's last kernels (AOTInductorModelContainer::get_available_model): step s+1 is
+    launched only once step s has finished on the GPU;
+  - single-threaded: the same package loaded with run_single_threaded=True (no such wait);
+  - solve graph: the whole solve, ten single-threaded steps, captured in ONE CUDA graph whose
+    attention buffers are the ring's own: a solve copies in the chunk's inputs and its free
+    slots, replays, and no cache frame moves.
+Also eager and eager under one graph (the ratios), the GPU timeline's idle time in one solve of
+each variant, the host's time per solve call, and whether each variant's outputs over two solves
+and its ring buffer after them equal the served engine's, bit for bit.
+
+Build with cfm_profile.py first (the same shape, depth and tag name the package):
+    python3 benchmarks/h200/cfm_profile.py --phase build --batch 32 --T 150 --L 400 --depth 16 --tag inplace
+    python3 benchmarks/h200/step_launch.py --batch 32 --T 150 --L 400 --depth 16 --tag inplace --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.h200.cfm_profile import artifact_info, models  # noqa: E402
+from c2w.exporter.bench.engines import timed  # noqa: E402
+from c2w.runtime.engines.aoti import AOTIBackend, AOTIEngine, EulerReplay, load_runner  # noqa: E402
+from c2w.runtime.engines.graphs import CapturedCall, GraphPool, warmup_stream  # noqa: E402
+from c2w.runtime.model.dit import euler_schedule  # noqa: E402
+from c2w.runtime.ring import RingCache  # noqa: E402
+from c2w.runtime.trim import KEEP_RECENT, CacheTrim  # noqa: E402
+from c2w.runtime.units import SPECS, ShapeKey  # noqa: E402
+from c2w.runtime.verify import unit_weights  # noqa: E402
+
+
+def single_threaded_engine(info, weights, dev):
+    """The package as AOTIBackend.load makes an ungraphed engine, its runner loaded with
+    run_single_threaded=True; and that runner."""
+    runner = load_runner(str(info.path), dev, single_threaded=True)
+    table = {fqn: weights[fqn].to(dev) for fqn in runner.get_constant_fqns()}
+    runner.load_constants(table, check_full_update=True, user_managed=True)
+    replay = EulerReplay(runner, int(info.extra.get("n_steps", 10)), dev, "in_place")
+    return AOTIEngine(info, replay, dev, [runner, table]), runner
+
+
+def first_ring(x) -> RingCache:
+    """The layout the replay gives a tensor cache: T free slots, then the cache's frames in order."""
+    T, L = x[0].shape[2], x[5].shape[-2]
+    return RingCache(torch.cat([torch.zeros_like(x[5][..., :T, :]), x[5]], dim=-2), range(T, T + L))
+
+
+class SolveGraph:
+    """The whole in-place solve over one ring buffer, captured in one CUDA graph: the replay's
+    loop (runtime.engines.aoti.EulerReplay._in_place, ungraphed) with every input static. The
+    graph writes the buffer it was captured on; a solve hands it a ring of that buffer."""
+
+    def __init__(self, runner, ring: RingCache, x, n_steps: int, dev):
+        self.buffer, T = ring.buffer, x[0].shape[2]
+        self.static = [t.clone() for t in x[:5]]                # mu, spk, cond, x0, cnn caches
+        self.index = torch.tensor(ring.free(), dtype=torch.int64, device=dev)
+        self.x = torch.empty(x[3].shape, dtype=torch.float32, device=dev)
+        self.cnn = torch.empty_like(x[4])
+        _, dts = euler_schedule(n_steps)
+        s_t = [torch.tensor([s], dtype=torch.int64, device=dev) for s in range(n_steps)]
+        dt = [torch.tensor([v], dtype=torch.float32, device=dev) for v in dts]
+        assert len(self.index) == T
+
+        def solve():
+            mu, spk, cond, x0, cnn = self.static
+            x_in = x0
+            for s in range(n_steps):
+                out = runner(mu, spk, cond, x_in, cnn[s], s_t[s], dt[s], self.index, *self.buffer[s].unbind(0))
+                self.x.copy_(out[0])
+                self.cnn[s].copy_(out[1])
+                x_in = self.x
+
+        # the warm-ups write the ring's free slots, which the next solve writes anyway
+        side = warmup_stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                solve()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            solve()
+
+    def __call__(self, x, ring: RingCache, trim: CacheTrim):
+        if ring.buffer is not self.buffer:
+            raise ValueError("this graph writes another buffer")
+        slots = ring.free()
+        self.index.copy_(torch.tensor(slots, dtype=torch.int64).pin_memory(), non_blocking=True)
+        for dst, src in zip(self.static, x[:5]):
+            dst.copy_(src)
+        self.graph.replay()
+        return [self.x.clone(), self.cnn.clone(), trim.apply(RingCache(self.buffer, [*slots, *ring.order]))]
+
+
+def timeline(fn) -> dict:
+    """One call of `fn` on the GPU's timeline (torch.profiler): kernels and copies, their summed
+    time, the span from the first one's start to the last one's end, the idle time between them,
+    and the largest gaps with the kernels around them."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    if not ev:                          # e.g. a graph replay the profiler does not see into
+        return {"kernels": 0, "busy_ms": float("nan"), "span_ms": float("nan"), "idle_ms": float("nan"),
+                "gaps_over_20us": 0, "idle_in_gaps_over_20us_ms": float("nan"), "largest_gaps": []}
+    busy = sum(e.time_range.end - e.time_range.start for e in ev)
+    span = ev[-1].time_range.end - ev[0].time_range.start
+    gaps = sorted(((b.time_range.start - a.time_range.end, a.name[:60], b.name[:60]) for a, b in zip(ev, ev[1:])),
+                  reverse=True)
+    return {"kernels": len(ev), "busy_ms": busy / 1e3, "span_ms": span / 1e3, "idle_ms": (span - busy) / 1e3,
+            "gaps_over_20us": sum(1 for g in gaps if g[0] > 20), "idle_in_gaps_over_20us_ms":
+            sum(g[0] for g in gaps if g[0] > 20) / 1e3,
+            "largest_gaps": [{"us": round(g, 1), "after": a, "before": b} for g, a, b in gaps[:8]]}
+
+
+def host_ms(fn, dev, reps: int = 5) -> float:
+    """Median host time of one call of `fn`, the GPU idle before each (what the host spends
+    launching, or waiting where the call waits)."""
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize(dev)
+    return sorted(ts)[len(ts) // 2]
+
+
+def measure(name: str, solve_from, x, trim, dev, reps: int, ref: dict | None) -> dict:
+    """Time a variant in a steady stream. solve_from(ring) -> outputs, ring. Two solves from the
+    first ring are compared with `ref` (the served engine's; None: this is it)."""
+    ring = first_ring(x)
+    outs = []
+    for _ in range(2):
+        out = solve_from(ring)
+        ring = out[2]
+        outs.append([o.clone() for o in out[:2]])
+    res = {}
+    if ref is None:
+        ref = {"outs": outs, "buffer": ring.buffer, "order": ring.order}
+    else:
+        res["equals_served"] = (all(torch.equal(a, b) for o, r in zip(outs, ref["outs"]) for a, b in zip(o, r))
+                                and ring.order == ref["order"] and torch.equal(ring.buffer, ref["buffer"]))
+        res["x_max_abs_diff"] = float((outs[1][0] - ref["outs"][1][0]).abs().max())
+    state = {"ring": ring}
+
+    def steady():
+        state["ring"] = solve_from(state["ring"])[2]
+    res["steady"] = timed(steady, dev, 2, reps)
+    res["host_ms"] = host_ms(steady, dev)
+    res["timeline"] = timeline(steady)
+    res["kept_its_buffer"] = state["ring"].buffer is ring.buffer
+    tl = res["timeline"]
+    print(f"{name:16s} steady {res['steady']['median_ms']:7.2f} ms  host {res['host_ms']:7.2f} ms  kernels "
+          f"{tl['kernels']} busy {tl['busy_ms']:.2f} ms idle {tl['idle_ms']:.2f} ms ({tl['gaps_over_20us']} gaps > 20 us: "
+          f"{tl['idle_in_gaps_over_20us_ms']:.2f} ms)" + (f"  = served: {res['equals_served']}" if "equals_served" in res else ""),
+          flush=True)
+    return res, ref
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--T", type=int, default=150)
+    ap.add_argument("--L", type=int, default=400)
+    ap.add_argument("--depth", type=int, default=16)
+    ap.add_argument("--tag", default="inplace", help="cfm_profile.py's --tag of the build")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    name = f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}_{a.tag}"
+    path = Path(f"/tmp/{name}.pt2")
+    extra = json.loads(path.with_suffix(".build.json").read_text())["extra"]
+    if extra.get("step_att") != "in_place":
+        raise SystemExit(f"{path} is a {extra.get('step_att', 'whole')!r} step; this measures the in-place one")
+    model, _ = models(a.depth, dev)
+    key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
+    unit = SPECS["cfm"].build(model, key).eval()
+    x = SPECS["cfm"].example_inputs(model.cfg, key, torch.Generator().manual_seed(0), device=dev)
+    info, weights = artifact_info(path, key, x, extra), unit_weights(unit)
+    trim = CacheTrim(a.L - KEEP_RECENT)
+    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "commit": os.environ.get("C2W_COMMIT", "unknown"),
+           "trim_P": a.L - KEEP_RECENT}
+    with torch.inference_mode():
+        res["eager"] = timed(lambda: unit(*x), dev, 2, a.reps)
+        g = CapturedCall(lambda *i: unit(*i), info.input_shapes, [t.dtype for t in x], dev, GraphPool(dev))
+        res["eager_graph"] = timed(lambda: g(*x), dev, 2, a.reps)
+        g.release()
+        del g
+        print(f"eager {res['eager']['median_ms']:.2f} ms, eager under one graph {res['eager_graph']['median_ms']:.2f} ms",
+              flush=True)
+
+        served = AOTIBackend().load(info, weights, dev)
+        res["served_graphed"] = isinstance(served._fn.step, CapturedCall)
+        res["served"], ref = measure("served", lambda r: served.run(x[:5] + [r], trim), x, trim, dev, a.reps, None)
+        served.release()
+        del served
+
+        st, runner = single_threaded_engine(info, weights, dev)
+        res["single_threaded"], _ = measure("single-threaded", lambda r: st.run(x[:5] + [r], trim), x, trim, dev,
+                                            a.reps, ref)
+        graph = {"now": None}
+
+        def graphed(ring):
+            if graph["now"] is None or graph["now"].buffer is not ring.buffer:
+                graph["now"] = None
+                graph["now"] = SolveGraph(runner, ring, x, int(extra.get("n_steps", 10)), dev)
+            return graph["now"](x, ring, trim)
+        res["solve_graph"], _ = measure("solve graph", graphed, x, trim, dev, a.reps, ref)
+    Path(a.out, f"step_launch_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}.json").write_text(json.dumps(res, indent=1))
+    print(f"\nB={a.batch} T={a.T} L={a.L} depth {a.depth}, ms per 10-step solve in a steady stream "
+          f"(eager {res['eager']['median_ms']:.2f}, eager + graph {res['eager_graph']['median_ms']:.2f}):")
+    for k in ("served", "single_threaded", "solve_graph"):
+        r = res[k]
+        print(f"  {k:16s} {r['steady']['median_ms']:7.2f}  ({res['eager']['median_ms'] / r['steady']['median_ms']:.2f}x "
+              f"eager, {res['eager_graph']['median_ms'] / r['steady']['median_ms']:.2f}x eager + graph; GPU idle "
+              f"{r['timeline']['idle_ms']:.2f} ms; = served: {r.get('equals_served', '-')})")
+
+
+if __name__ == "__main__":
+    main()
