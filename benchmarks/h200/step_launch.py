@@ -159,6 +159,13 @@ def measure(name: str, solve_from, x, trim, dev, reps: int, ref: dict | None) ->
         res["equals_first"] = (all(torch.equal(a, b) for o, r in zip(outs, ref["outs"]) for a, b in zip(o, r))
                                 and ring.order == ref["order"] and torch.equal(ring.buffer, ref["buffer"]))
         res["x_max_abs_diff"] = float((outs[1][0] - ref["outs"][1][0]).abs().max())
+        # which part differs: max |diff| of each solve's x and cnn caches, and of the ring's buffer
+        res["max_abs_diff"] = {f"solve{i + 1}_{n}": float((a.float() - b.float()).abs().max())
+                               for i, (o, r) in enumerate(zip(outs, ref["outs"])) for n, a, b in zip(("x", "cnn"), o, r)}
+        res["max_abs_diff"]["buffer"] = float(max((a.float() - b.float()).abs().max()
+                                                  for a, b in zip(ring.buffer.flatten(0, 1), ref["buffer"].flatten(0, 1))))
+        res["order_equal"] = ring.order == ref["order"]
+        print(f"   {name} against the first variant: {res['max_abs_diff']}, order equal: {res['order_equal']}", flush=True)
     state = {"ring": ring}
 
     def steady():
