@@ -143,7 +143,7 @@ def host_ms(fn, dev, reps: int = 5) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
-def measure(name: str, solve_from, chunks, trim, dev, reps: int, ref: dict | None) -> dict:
+def measure(name: str, solve_from, chunks, trim, dev, reps: int, ref: dict | None) -> tuple[dict, dict]:
     """Time a variant in a steady stream. solve_from(inputs, ring) -> outputs, ring. Two solves
     from the first ring, on the two chunks' inputs (mu, spk, cond, x0, cnn caches; different
     draws: a graph must follow new inputs, design note 8), are compared with `ref` (the first
@@ -157,8 +157,8 @@ def measure(name: str, solve_from, chunks, trim, dev, reps: int, ref: dict | Non
         outs.append([o.clone() for o in out[:2]])
     res = {}
     if ref is None:
-        # a copy: the steady timing below goes on writing this variant's buffer (run 23 compared
-        # against the buffer itself, so its "buffer" difference is that of later solves)
+        # a copy: the steady timing below goes on writing this variant's buffer (run 23's calls
+        # 3-6 compared against the buffer itself, so their "buffer" difference is of later solves)
         ref = {"outs": outs, "buffer": ring.buffer.clone(), "order": ring.order}
     else:
         res["equals_first"] = (all(torch.equal(a, b) for o, r in zip(outs, ref["outs"]) for a, b in zip(o, r))
@@ -212,6 +212,7 @@ def main() -> None:
     # a second chunk: other inputs of the same shapes (its attention cache is not used)
     chunks = [x, SPECS["cfm"].example_inputs(model.cfg, key, device=dev, seed=1)[:5]]
     trim = CacheTrim(a.L - KEEP_RECENT)
+
     def save(res):
         Path(a.out, f"step_launch_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}.json").write_text(json.dumps(res, indent=1))
     res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "commit": os.environ.get("C2W_COMMIT", "unknown"),
