@@ -141,6 +141,13 @@ def allocator_counts(solve, dev, solves: int = 10) -> dict:
     return {k: (after.get(k, 0) - before.get(k, 0)) / solves for k in ALLOCATOR_COUNTS}
 
 
+def first_ring(x) -> RingCache:
+    """The CFM inputs' attention cache (x[5]) as the in-place replay lays out a tensor: T free
+    slots, then the cache's frames in order."""
+    T, L = x[0].shape[2], x[5].shape[-2]
+    return RingCache(torch.cat([torch.zeros_like(x[5][..., :T, :]), x[5]], dim=-2), range(T, T + L))
+
+
 def served_forms(info, weights, x, dev, reps: int) -> dict:
     """The engine as the stream driver runs it (AOTIBackend's defaults: graphed up to its byte bar),
     given a steady stream's trim (P = L - 100: a chunk's T + L frames trimmed back to L). From a
@@ -158,8 +165,9 @@ def served_forms(info, weights, x, dev, reps: int) -> dict:
     if out["step_att"] == "in_place":
         want = served.run(x, trim)
         # the layout the replay gives a tensor, as a ring: the same values, bit for bit
-        buffer = torch.cat([torch.zeros_like(x[5][..., :T, :]), x[5]], dim=-2)
-        first = served.run(x[:5] + [RingCache(buffer, range(T, T + L))], trim)
+        start = first_ring(x)
+        buffer = start.buffer
+        first = served.run(x[:5] + [start], trim)
         out["ring_equals_tensor"] = all(torch.equal(a, b) for a, b in zip(first[:2] + [first[2].logical()], want))
         del want
         ring = {"now": first[2]}

@@ -238,6 +238,26 @@ def load_runner(path: str, device: torch.device, single_threaded: bool):
     return torch._inductor.aoti_load_package(path, run_single_threaded=single_threaded)
 
 
+def bind_constants(runner, info: ArtifactInfo, weights: Mapping[str, torch.Tensor],
+                   device: torch.device) -> dict[str, torch.Tensor] | None:
+    """Bind the shared weights to `runner`'s constants (user-managed: no copy) and return the
+    table, which must outlive the runner; None for a package with its constants inside its .so."""
+    if (info.extra or {}).get("constants_in_so"):
+        return None
+    table, missing = {}, []
+    for fqn in runner.get_constant_fqns():
+        t = weights.get(fqn)
+        if t is None:
+            missing.append(fqn)
+        else:
+            table[fqn] = t if t.device == device else t.to(device)
+    if missing:
+        raise RuntimeError(f"{len(missing)} constants have no shared tensor, e.g. {missing[:4]}")
+    check_layout(table, (info.extra or {}).get("constant_strides", {}))
+    runner.load_constants(table, check_full_update=True, user_managed=True)
+    return table
+
+
 class AOTIEngine(Engine):
     takes_rings = True          # run_impl: an in-place replay keeps a ring as it is, else its logical tensor
 
@@ -318,20 +338,7 @@ class AOTIBackend(Backend):
             raise ValueError("AOTI packages are built without weights: pass the component's shared weights")
         graphed = self.graphed(info, device)
         runner = load_runner(str(info.path), device, single_threaded=graphed)
-        keep = [runner]
-        if not (info.extra or {}).get("constants_in_so"):
-            table, missing = {}, []
-            for fqn in runner.get_constant_fqns():
-                t = weights.get(fqn)
-                if t is None:
-                    missing.append(fqn)
-                else:
-                    table[fqn] = t if t.device == device else t.to(device)
-            if missing:
-                raise RuntimeError(f"{len(missing)} constants have no shared tensor, e.g. {missing[:4]}")
-            check_layout(table, (info.extra or {}).get("constant_strides", {}))
-            runner.load_constants(table, check_full_update=True, user_managed=True)
-            keep.append(table)
+        keep = [runner, bind_constants(runner, info, weights, device)]
         extra = info.extra or {}
         form = extra.get("step_att", "whole") if extra.get("cfm_step") else None
         fn = runner
