@@ -117,19 +117,68 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
         got = engine.run(inputs)
         with torch.inference_mode():
             want = list(unit(*inputs))
+        errs, wrong = compare(spec, key, got, want)
+        del got, want
+        if getattr(engine, "solve_graphs", None) is not None:
+            more, more_wrong = steady_ring_errors(engine, unit, model.cfg, key, inputs, device)
+            errs.update(more)
+            wrong += more_wrong
     finally:
         engine.release()
     tol = spec.tolerance(key)
-    errs, wrong = {}, []
-    for name, g, w, dtype in zip(spec.output_names, got, want, spec.output_dtypes(key)):
-        if tuple(g.shape) != tuple(w.shape) or g.dtype != dtype:
-            errs[name] = float("inf")
-            wrong.append(f"{name} {g.dtype} {tuple(g.shape)}, expected {dtype} {tuple(w.shape)}")
-        else:
-            errs[name] = rel_l2(g.to(w.device), w)
-    passed = len(got) == len(want) and all(v <= tol for v in errs.values())
+    passed = not wrong and all(v <= tol for v in errs.values())
     entry.parity = Parity(rel_l2=errs, tol=tol, passed=passed)
     entry.status = Status.BUILT if passed else Status.FAILED
     wrong_note = f" (outputs of the wrong dtype or shape: {'; '.join(wrong)})" if wrong else ""
     entry.error = None if passed else f"parity failed: rel-L2 {errs} above {tol}{wrong_note}"
     return entry
+
+
+def compare(spec, key: ShapeKey, got, want, suffix: str = "") -> tuple[dict[str, float], list[str]]:
+    """rel-L2 of each output against eager ({name + suffix: value}; inf for an output of another
+    dtype or shape than the unit's, or a missing one), and what was wrong about those."""
+    errs, wrong = {}, []
+    if len(got) > len(want):
+        wrong.append(f"{len(got)} outputs{suffix}, expected {len(want)}")
+    for i, (name, w, dtype) in enumerate(zip(spec.output_names, want, spec.output_dtypes(key))):
+        g = got[i] if i < len(got) else None
+        if g is None or tuple(g.shape) != tuple(w.shape) or g.dtype != dtype:
+            errs[name + suffix] = float("inf")
+            wrong.append(f"{name}{suffix} " + ("missing" if g is None else f"{g.dtype} {tuple(g.shape)}")
+                         + f", expected {dtype} {tuple(w.shape)}")
+        else:
+            errs[name + suffix] = rel_l2(g.to(w.device), w)
+    return errs, wrong
+
+
+RING_CHUNKS = ("capture", "replay")     # the chunks a steady ring check solves after laying the ring out
+
+
+def steady_ring_errors(engine, unit, cfg, key: ShapeKey, inputs, device) -> tuple[dict[str, float], list[str]]:
+    """A CFM engine that solves resident rings in whole-solve graphs (runtime.engines.solve_graphs)
+    checked as a steady stream runs it, at the trim that keeps the key's L frames (P = L - 100):
+    chunk 0 lays the cache out in a ring of the engine's own; chunk "capture" hands that ring
+    back (the graph is captured on its inputs); chunk "replay" replays it on other inputs. A
+    graph that followed only its capture's inputs (docs/aoti.md) fails the second. Each chunk
+    against the eager unit fed the same ring's frames; names "<output> (ring <chunk>)". A key
+    whose L is under 100 frames is never steady (no trim frees T slots): nothing to check."""
+    from c2w.runtime.ring import RingCache
+    from c2w.runtime.trim import KEEP_RECENT, CacheTrim
+    L = key.dim("L")
+    if L < KEEP_RECENT:
+        return {}, []
+    spec, trim = SPECS[key.component], CacheTrim(L - KEEP_RECENT)
+    ring = engine.run(inputs[:5] + [RingCache.of(inputs[5])], trim)[2]
+    errs, wrong = {}, []
+    for i, chunk in enumerate(RING_CHUNKS, start=1):
+        x = spec.example_inputs(cfg, key, seed=VERIFY_SEED + i, device=device)[:5]
+        with torch.inference_mode():
+            want = list(unit(*x, ring.logical()))
+        want[2] = trim.apply(want[2])
+        got = engine.run(x + [ring], trim)
+        ring = got[2]
+        e, w = compare(spec, key, got[:2] + [ring.logical()], want, f" (ring {chunk})")
+        errs.update(e)
+        wrong += w
+        del got, want
+    return errs, wrong

@@ -150,18 +150,20 @@ def first_ring(x) -> RingCache:
 
 def served_forms(info, weights, x, dev, reps: int) -> dict:
     """The engine as the stream driver runs it (AOTIBackend's defaults: graphed up to its byte bar),
-    given a steady stream's trim (P = L - 100: a chunk's T + L frames trimmed back to L). From a
-    tensor, as every AOTI step form can be handed the cache; and for an in-place step (manifest
-    extra step_att "in_place") as a stream runs it once its trim frees exactly T slots: each solve
-    handed the ring the last one returned, so no cache frame moves (design note 21). Kernel tables
-    of one solve of each."""
+    given a steady stream's trim (P = L - 100: a chunk's T + L frames trimmed back to L). For an
+    in-place step (manifest extra step_att "in_place") as a stream runs it once its trim frees
+    exactly T slots: each solve handed the ring the last one returned, so no cache frame moves
+    (design note 21), and where the step is not graphed, from the second such solve on, from one
+    graph of the whole solve over that ring's buffer (runtime.engines.solve_graphs); and from a
+    tensor, as every AOTI step form can be handed the cache. Kernel tables of one solve of each,
+    profiled after every capture: a graph captured after torch.profiler had run segfaulted in its
+    replay (run 23)."""
     T, L = x[0].shape[2], x[5].shape[-2]
     trim = CacheTrim(L - KEEP_RECENT)
     served = AOTIBackend().load(info, weights, dev)
-    out = {"graphed": isinstance(served._fn.step, CapturedCall), "trim_P": L - KEEP_RECENT,
-           "step_att": (info.extra or {}).get("step_att", "whole")}
-    out["from_tensor"] = timed(lambda: served.run(x, trim), dev, 3, reps)
-    out["profile_from_tensor"] = profile_kernels(lambda: served.run(x, trim))
+    out = {"graphed": isinstance(served._fn.step, CapturedCall), "solve_graphs": served.solve_graphs is not None,
+           "trim_P": L - KEEP_RECENT, "step_att": (info.extra or {}).get("step_att", "whole")}
+    steady = None
     if out["step_att"] == "in_place":
         want = served.run(x, trim)
         # the layout the replay gives a tensor, as a ring: the same values, bit for bit
@@ -176,6 +178,11 @@ def served_forms(info, weights, x, dev, reps: int) -> dict:
             ring["now"] = served.run(x[:5] + [ring["now"]], trim)[2]
         out["ring_steady"] = timed(steady, dev, 3, reps)
         out["ring_kept_its_buffer"] = ring["now"].buffer is buffer
+        if served.solve_graphs is not None:
+            out["solve_graph_captures"] = served.solve_graphs.captures
+    out["from_tensor"] = timed(lambda: served.run(x, trim), dev, 3, reps)
+    out["profile_from_tensor"] = profile_kernels(lambda: served.run(x, trim))
+    if steady is not None:
         out["profile_ring_steady"] = profile_kernels(steady)
     served.release()
     return out
@@ -314,7 +321,7 @@ def main() -> None:
           f"{res['mel_snr_db_vs_fp32']:.1f} dB (eager fp16 {res['eager_mel_snr_db_vs_fp32']:.1f})", flush=True)
     print("   allocator per ungraphed solve: " + ", ".join(f"{k} {v:g}" for k, v in res["allocator_per_solve"].items()))
     sv = res["served"]
-    print(f"   served ({sv['step_att']} step, {'graphed' if sv['graphed'] else 'no graph'}), trim P={sv['trim_P']}: "
+    print(f"   served ({sv['step_att']} step, {'graphed per step' if sv['graphed'] else 'solve graphs' if sv.get('solve_graphs') else 'no graph'}), trim P={sv['trim_P']}: "
           f"from a tensor {sv['from_tensor']['median_ms']:.2f} ms ({sv['profile_from_tensor']['kernels_per_solve']} "
           f"kernels, {sv['profile_from_tensor']['kernel_ms_per_solve']:.2f} ms)" + (
               f"; steady ring {sv['ring_steady']['median_ms']:.2f} ms ({sv['profile_ring_steady']['kernels_per_solve']} "

@@ -1,25 +1,32 @@
-"""How the host launches the CFM's ungraphed in-place Euler step, and what one CUDA graph over a
-stream's own ring buffer would save (issue #15). At B=32 AOTIBackend captures no graph: one
-step's static inputs would be its blocks' whole attention buffers (over 1 GB), so each step is
-the package's own run.
+"""How the host launches the CFM's in-place Euler step at B=32, and what serving a steady stream
+from one CUDA graph per solve saves (issue #15). At B=32 AOTIBackend captures no graph per step:
+one step's static inputs would be its blocks' whole attention buffers (over 1 GB). A resident
+ring is solved instead from one graph of the whole solve over its own buffer
+(runtime.engines.solve_graphs).
 
 The in-place step (AOTI revision 4) served to a steady stream at B, T, L, each solve handed the
-ring the previous one returned (cfm_profile.served_forms), timed per 10-step solve:
-  - served: the engine as AOTIBackend loads it at this size, the runner's thread-safe `run`. Its
-    container has one model instance, and a call that finds it busy waits on the host for that
-    instance's last kernels (AOTInductorModelContainer::get_available_model): step s+1 is
-    launched only once step s has finished on the GPU;
-  - single-threaded: the same package loaded with run_single_threaded=True (no such wait);
-  - solve graph: the whole solve, ten single-threaded steps, captured in ONE CUDA graph whose
-    attention buffers are the ring's own: a solve copies in the chunk's inputs and its free
-    slots, replays, and no cache frame moves.
+ring the previous one returned (as cfm_profile.served_forms), timed per 10-step solve:
+  - served: the engine as AOTIBackend loads it (its default options): single-threaded package,
+    the first solve of a ring step by step, the second captures the whole solve over the ring's
+    buffer, the later ones replay it;
+  - without graphs: AOTIBackend(cuda_graphs=False), the runner's thread-safe `run` (how the
+    B=32 solve was served before solve graphs). Its container has one model instance, and a call
+    that finds it busy waits on the host for that instance's last kernels
+    (AOTInductorModelContainer::get_available_model): step s+1 is launched only once step s has
+    finished on the GPU;
+  - single-threaded: the package loaded with run_single_threaded=True, step by step (no such
+    wait, no graph).
 Also eager and eager under one graph (the ratios), the GPU timeline's idle time in one solve of
-each variant, the host's time per solve call, and whether each variant's outputs over two solves
-and its ring buffer after them equal the first variant's (the solve graph's), bit for bit.
+each variant, the host's time per solve call, the device memory a solve graph adds, and whether
+each variant's outputs over three solves (on three chunks' inputs: the second is the served
+graph's capture, the third its replay on other inputs) and its ring buffer after them equal the
+served engine's, bit for bit.
 
-Build with cfm_profile.py first (the same shape, depth and tag name the package):
+Build with cfm_profile.py first (the same shape, depth and tag name the package), or name an
+artifact directory that holds the key (c2w export; its model must be random:full):
     python3 benchmarks/h200/cfm_profile.py --phase build --batch 32 --T 150 --L 400 --depth 16 --tag inplace
     python3 benchmarks/h200/step_launch.py --batch 32 --T 150 --L 400 --depth 16 --tag inplace --out $OUT
+    python3 benchmarks/h200/step_launch.py --from-dir /tmp/art/all-h200_stage --out $OUT
 """
 from __future__ import annotations
 
@@ -36,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.h200.cfm_profile import artifact_info, first_ring, models  # noqa: E402
 from c2w.exporter.bench.engines import timed  # noqa: E402
 from c2w.runtime.engines.aoti import AOTIBackend, AOTIEngine, EulerReplay, bind_constants, load_runner  # noqa: E402
-from c2w.runtime.engines.graphs import CapturedCall, GraphPool, warmup_stream  # noqa: E402
-from c2w.runtime.ring import RingCache  # noqa: E402
+from c2w.runtime.engines.graphs import CapturedCall, GraphPool  # noqa: E402
+from c2w.runtime.manifest import read_manifest  # noqa: E402
 from c2w.runtime.trim import KEEP_RECENT, CacheTrim  # noqa: E402
 from c2w.runtime.units import SPECS, ShapeKey  # noqa: E402
-from c2w.runtime.verify import unit_weights  # noqa: E402
+from c2w.runtime.verify import artifact_info as entry_info, entry_key, unit_weights  # noqa: E402
 
 
 def single_threaded_engine(info, weights, dev) -> AOTIEngine:
@@ -50,51 +57,6 @@ def single_threaded_engine(info, weights, dev) -> AOTIEngine:
     table = bind_constants(runner, info, weights, dev)
     replay = EulerReplay(runner, int(info.extra.get("n_steps", 10)), dev, "in_place")
     return AOTIEngine(info, replay, dev, [runner, table])
-
-
-class SolveGraph:
-    """The whole in-place solve over one ring buffer, captured in one CUDA graph: the loop of an
-    ungraphed single-threaded `replay` (runtime.engines.aoti.EulerReplay._in_place) with every
-    input static. The graph writes the buffer it was captured on; a solve hands it a ring of that
-    buffer."""
-
-    def __init__(self, replay: EulerReplay, ring: RingCache, x, dev):
-        self.replay, self.buffer = replay, ring.buffer
-        self.static = [t.clone() for t in x[:5]]                # mu, spk, cond, x0, cnn caches
-        self.index = replay._slots(ring.free())
-        self.x = torch.empty(x[3].shape, dtype=torch.float32, device=dev)
-        self.cnn = torch.empty_like(x[4])
-        assert len(self.index) == x[0].shape[2]
-
-        def solve():
-            mu, spk, cond, x0, cnn = self.static
-            x_in = x0
-            for i, (s, dt) in enumerate(zip(replay.s, replay.dt)):
-                out = replay.step(mu, spk, cond, x_in, cnn[i], s, dt, self.index, *self.buffer[i].unbind(0))
-                self.x.copy_(out[0])
-                self.cnn[i].copy_(out[1])
-                x_in = self.x
-
-        # the warm-ups write the ring's free slots, which the next solve writes anyway
-        side = warmup_stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                solve()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            solve()
-
-    def __call__(self, x, ring: RingCache, trim: CacheTrim):
-        if ring.buffer is not self.buffer:
-            raise ValueError("this graph writes another buffer")
-        slots = ring.free()
-        self.index.copy_(self.replay._slots(slots))
-        for dst, src in zip(self.static, x[:5]):
-            dst.copy_(src)
-        self.graph.replay()
-        return [self.x.clone(), self.cnn.clone(), trim.apply(RingCache(self.buffer, [*slots, *ring.order]))]
 
 
 def timeline(fn) -> dict:
@@ -134,9 +96,9 @@ def host_ms(fn, dev, reps: int = 5) -> float:
 
 
 def measure(name: str, solve_from, chunks, trim, dev, reps: int, ref: dict | None) -> tuple[dict, dict]:
-    """Time a variant in a steady stream. solve_from(inputs, ring) -> outputs, ring. Two solves
-    from the first ring, on the two chunks' inputs (mu, spk, cond, x0, cnn caches; different
-    draws: a graph must follow new inputs, design note 8), are compared with `ref` (the first
+    """Time a variant in a steady stream. solve_from(inputs, ring) -> outputs, ring. One solve per
+    chunk from the first ring, on the chunks' inputs (mu, spk, cond, x0, cnn caches; different
+    draws: a graph must follow new inputs, design note 8), compared with `ref` (the first
     variant's; None: this is it); the timing repeats the first chunk's."""
     x = chunks[0]
     ring = first_ring(x)
@@ -175,6 +137,39 @@ def measure(name: str, solve_from, chunks, trim, dev, reps: int, ref: dict | Non
     return res, ref
 
 
+def package(a, dev):
+    """(model, key, info, weights, unit, x): the package's model (random:full cut to --depth, as
+    cfm_profile.py builds it), its CFM key, manifest entry and example inputs (drawn on the
+    device, seed 0). From --from-dir: that directory's B=--batch CFM key (the first one, with T
+    and L as built)."""
+    model, _ = models(a.depth, dev)
+    x = None
+    if a.from_dir:
+        manifest = read_manifest(Path(a.from_dir))
+        entries = [e for e in manifest.entries if e.status == "built" and e.component == "cfm" and e.dims["B"] == a.batch]
+        if not entries or manifest.model.spec != "random:full" or a.depth != 16:
+            raise SystemExit(f"{a.from_dir}: no built B={a.batch} CFM key of random:full (or --depth is not 16)")
+        key = entry_key(entries[0])
+        info = entry_info(Path(a.from_dir), entries[0], model.cfg)
+    else:
+        key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
+        path = Path(f"/tmp/cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}_{a.tag}.pt2")
+        extra = json.loads(path.with_suffix(".build.json").read_text())["extra"]
+        x = SPECS["cfm"].example_inputs(model.cfg, key, device=dev)
+        info = artifact_info(path, key, x, extra)
+    if (info.extra or {}).get("step_att") != "in_place":
+        raise SystemExit(f"{info.path} is a {(info.extra or {}).get('step_att', 'whole')!r} step; this measures the in-place one")
+    unit = SPECS["cfm"].build(model, key).eval()
+    x = x if x is not None else SPECS["cfm"].example_inputs(model.cfg, key, device=dev)
+    return model, key, info, unit_weights(unit), unit, x
+
+
+def device_bytes(dev) -> dict:
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    return {"allocated": torch.cuda.memory_allocated(dev), "reserved": torch.cuda.memory_reserved(dev)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -182,29 +177,22 @@ def main() -> None:
     ap.add_argument("--L", type=int, default=400)
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--tag", default="inplace", help="cfm_profile.py's --tag of the build")
+    ap.add_argument("--from-dir", default="", help="an artifact directory holding a B=--batch CFM key instead")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    name = f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}_{a.tag}"
-    path = Path(f"/tmp/{name}.pt2")
-    extra = json.loads(path.with_suffix(".build.json").read_text())["extra"]
-    if extra.get("step_att") != "in_place":
-        raise SystemExit(f"{path} is a {extra.get('step_att', 'whole')!r} step; this measures the in-place one")
-    model, _ = models(a.depth, dev)
-    key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
-    unit = SPECS["cfm"].build(model, key).eval()
-    x = SPECS["cfm"].example_inputs(model.cfg, key, device=dev)     # drawn on the device, seed 0
-    info, weights = artifact_info(path, key, x, extra), unit_weights(unit)
-    # a second chunk: other inputs of the same shapes (its attention cache is not used)
-    chunks = [x, SPECS["cfm"].example_inputs(model.cfg, key, device=dev, seed=1)[:5]]
-    trim = CacheTrim(a.L - KEEP_RECENT)
+    model, key, info, weights, unit, x = package(a, dev)
+    B, T, L = key.dims
+    # two more chunks: other inputs of the same shapes (their attention caches are not used)
+    chunks = [x] + [SPECS["cfm"].example_inputs(model.cfg, key, device=dev, seed=seed)[:5] for seed in (1, 2)]
+    trim = CacheTrim(L - KEEP_RECENT)
 
     def save(res):
-        Path(a.out, f"step_launch_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}.json").write_text(json.dumps(res, indent=1))
-    res = {"B": a.batch, "T": a.T, "L": a.L, "depth": a.depth, "commit": os.environ.get("C2W_COMMIT", "unknown"),
-           "trim_P": a.L - KEEP_RECENT}
+        Path(a.out, f"step_launch_B{B}_T{T}_L{L}_d{a.depth}.json").write_text(json.dumps(res, indent=1))
+    res = {"B": B, "T": T, "L": L, "depth": a.depth, "commit": os.environ.get("C2W_COMMIT", "unknown"),
+           "trim_P": L - KEEP_RECENT, "package": str(info.path)}
     with torch.inference_mode():
         res["eager"] = timed(lambda: unit(*x), dev, 2, a.reps)
         g = CapturedCall(lambda *i: unit(*i), info.input_shapes, [t.dtype for t in x], dev, GraphPool(dev))
@@ -214,38 +202,42 @@ def main() -> None:
         print(f"eager {res['eager']['median_ms']:.2f} ms, eager under one graph {res['eager_graph']['median_ms']:.2f} ms",
               flush=True)
 
-        # the graph first: captured after torch.profiler had run (the other variants' timelines),
-        # its replay segfaulted on the H200 (torch 2.11); captured first, it is profiled like them
-        st = single_threaded_engine(info, weights, dev)
-        graph = {"now": None}
-
-        def graphed(inputs, ring):
-            if graph["now"] is None or graph["now"].buffer is not ring.buffer:
-                graph["now"] = None
-                graph["now"] = SolveGraph(st._fn, ring, x, dev)
-            return graph["now"](inputs, ring, trim)
-        res["solve_graph"], ref = measure("solve graph", graphed, chunks, trim, dev, a.reps, None)
-        graph["now"] = None
+        # served first: its graph is captured before torch.profiler runs (captured after it, a
+        # graph's replay segfaulted on the H200, run 23)
+        before = device_bytes(dev)
+        served = AOTIBackend().load(info, weights, dev)
+        res["served_solve_graphs"] = served.solve_graphs is not None
+        res["served"], ref = measure("served", lambda i, r: served.run(i[:5] + [r], trim), chunks, trim, dev, a.reps,
+                                     None)
+        graphs = served.solve_graphs
+        if graphs is not None:
+            held = [e.graph for e in graphs._buffers.values() if e.graph is not None]
+            res["solve_graphs"] = {"captures": graphs.captures, "live": graphs.live,
+                                   "static_bytes": sum(t.nbytes for c in held for t in c.inputs + c.outputs),
+                                   "device_bytes_with_engine": {k: v - before[k] for k, v in device_bytes(dev).items()}}
+            print(f"   solve graphs: {res['solve_graphs']}", flush=True)
+        served.release()
+        del served
         save(res)
+        plain = AOTIBackend(cuda_graphs=False).load(info, weights, dev)
+        res["without_graphs"], _ = measure("without graphs", lambda i, r: plain.run(i[:5] + [r], trim), chunks, trim,
+                                           dev, a.reps, ref)
+        plain.release()
+        del plain
+        save(res)
+        st = single_threaded_engine(info, weights, dev)
         res["single_threaded"], _ = measure("single-threaded", lambda i, r: st.run(i[:5] + [r], trim), chunks, trim, dev,
                                             a.reps, ref)
         st.release()
         del st
-        save(res)
-        served = AOTIBackend().load(info, weights, dev)
-        res["served_graphed"] = isinstance(served._fn.step, CapturedCall)
-        res["served"], _ = measure("served", lambda i, r: served.run(i[:5] + [r], trim), chunks, trim, dev, a.reps,
-                                  ref)
-        served.release()
-        del served
     save(res)
-    print(f"\nB={a.batch} T={a.T} L={a.L} depth {a.depth}, ms per 10-step solve in a steady stream "
+    print(f"\nB={B} T={T} L={L} depth {a.depth}, ms per 10-step solve in a steady stream "
           f"(eager {res['eager']['median_ms']:.2f}, eager + graph {res['eager_graph']['median_ms']:.2f}):")
-    for k in ("served", "single_threaded", "solve_graph"):
+    for k in ("served", "without_graphs", "single_threaded"):
         r = res[k]
         print(f"  {k:16s} {r['steady']['median_ms']:7.2f}  ({res['eager']['median_ms'] / r['steady']['median_ms']:.2f}x "
               f"eager, {res['eager_graph']['median_ms'] / r['steady']['median_ms']:.2f}x eager + graph; GPU idle "
-              f"{r['timeline']['idle_ms']:.2f} ms; = the solve graph's: {r.get('equals_first', '-')}, largest |diff| "
+              f"{r['timeline']['idle_ms']:.2f} ms; = served: {r.get('equals_first', '-')}, largest |diff| "
               f"{max(r.get('max_abs_diff', {'-': 0}).values()):.2g})")
 
 

@@ -10,15 +10,20 @@ The CFM is compiled as one Euler step (`extra["cfm_step"]`) and replayed n times
 `EulerReplay`. On CUDA an engine whose graph inputs are small enough (`graph_max_bytes`) is
 captured into a CUDA graph at load (`CapturedCall` of runtime.engines.graphs: static input
 buffers; packages loaded with run_single_threaded=True, as AOTI requires for capture), so a call
-is: copy inputs in, one replay, clone outputs out. For the CFM the graph is ONE Euler step,
-replayed n times per chunk: capturing the n-step replay of a single-threaded package as one graph
-computes the right values only for the first inputs after capture and NaN for any other (H200;
-docs/aoti.md, "GPU-only failures"). All graphs of a backend share one memory pool for their
-intermediates (`GraphPool`, `AOTIBackend.pool`), so N graphs cost N x (static inputs + outputs),
-not N x workspace. Larger engines run the package directly: their kernels are long enough to hide
-the launches, and static copies of multi-GB stream caches would cost more memory and bandwidth
-than the graph saves. Capture is a loading option (`runtime.load(..., cuda_graphs=False)`);
-C2W_AOTI_CUDA_GRAPHS=0 or 1, when set, overrides it (`cuda_graphs_setting`).
+is: copy inputs in, one replay, clone outputs out. For the CFM that graph is ONE Euler step,
+replayed n times per chunk: the first design, the n-step replay of a whole-cache step captured
+as one graph, computed the right values only for the first inputs after capture and NaN for any
+other (H200; docs/aoti.md, "GPU-only failures"). All graphs of a backend share one memory pool
+for their intermediates (`GraphPool`, `AOTIBackend.pool`), so N graphs cost N x (static inputs
++ outputs), not N x workspace. An in-place CFM step too large for that (a step's static
+attention buffers would be GBs at B=32) runs as the package's own calls, except for resident
+stream batches: a ring handed back to the replay that returned it is solved by one graph of the
+whole solve over that ring's buffer (runtime.engines.solve_graphs). Other large engines run the
+package directly: their kernels are long enough to hide the launches. Capture is a loading
+option (`runtime.load(..., cuda_graphs=False)`); C2W_AOTI_CUDA_GRAPHS=0 or 1, when set,
+overrides it (`cuda_graphs_setting`). A package that is captured in any way is loaded with
+run_single_threaded=True; the others keep AOTI's thread-safe run (the engine cache serialises
+the calls of each engine either way).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import torch
 
 from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool, as_list
+from c2w.runtime.engines.solve_graphs import SOLVE_GRAPHS, SolveGraphs
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.ring import RingCache, logical
 from c2w.runtime.model.dit import euler_schedule
@@ -62,13 +68,19 @@ class EulerReplay:
 
     FORMS = ("whole", "chunk_frames", "in_place")
 
-    def __init__(self, step, n_steps: int, device: torch.device, form: str = "whole"):
+    def __init__(self, step, n_steps: int, device: torch.device, form: str = "whole", solve_graphs: int = 0):
+        """solve_graphs: for an in-place step that is not itself graphed, how many whole-solve
+        graphs over resident rings to hold at most (runtime.engines.solve_graphs); 0: none."""
         if form not in self.FORMS:
             raise ValueError(f"step form {form!r}: expected one of {self.FORMS}")
+        if solve_graphs and (form != "in_place" or isinstance(step, CapturedCall)):
+            raise ValueError(f"solve graphs replay an ungraphed in-place step; got a {form!r} step"
+                             + (" in a graph of its own" if isinstance(step, CapturedCall) else ""))
         self.step, self.form, self.device = step, form, device
         _, dts = euler_schedule(n_steps)
         self.s = [torch.tensor([s], dtype=torch.int64, device=device) for s in range(n_steps)]
         self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
+        self.graphs = SolveGraphs(self._solve_in_place, device, solve_graphs) if solve_graphs else None
 
     def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache, trim: CacheTrim | None = None):
         if self.form == "in_place":
@@ -101,7 +113,8 @@ class EulerReplay:
         T = mu.shape[2]
         ring = att_cache if isinstance(att_cache, RingCache) else None
         free = ring.free() if ring is not None else []
-        if ring is not None and len(free) == T and ring.buffer.is_contiguous() and ring.device == x0.device:
+        kept = ring is not None and len(free) == T and ring.buffer.is_contiguous() and ring.device == x0.device
+        if kept:
             buffer, slots, order = ring.buffer, free, ring.order
         else:                           # laid out anew: the chunk's T slots, then the frames in order
             cache = logical(att_cache).to(x0.device)
@@ -111,7 +124,20 @@ class EulerReplay:
             buffer = cache.new_empty(shape)
             copy_bytes(buffer.narrow(-2, T, L), cache)
             slots, order = list(range(T)), range(T, T + L)
-        index = self._slots(slots)
+        args = [mu, spk, cond, x0, cnn_cache, self._slots(slots)]
+        out = self.graphs.run(buffer, args) if kept and self.graphs is not None else None
+        x, cnn_out = out if out is not None else self._solve_in_place(buffer, *args)
+        new = RingCache(buffer, [*slots, *order])
+        if ring is None:
+            return x, cnn_out, new.logical()        # a tensor in, a tensor out: the buffer in order
+        if self.graphs is not None:
+            self.graphs.returned(buffer)
+        return x, cnn_out, trim.apply(new) if trim is not None else new
+
+    def _solve_in_place(self, buffer, mu, spk, cond, x0, cnn_cache, index):
+        """The n steps over `buffer`, each writing the chunk's frames into slots `index` of its
+        step's buffers: (x, new cnn caches), in tensors of their own (a solve graph's own buffers
+        when captured, runtime.engines.solve_graphs)."""
         x = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)
         cnn_out = torch.empty_like(cnn_cache)
         x_in = x0
@@ -124,10 +150,7 @@ class EulerReplay:
             else:
                 self._run_step(args + tuple(buffer[s].unbind(0)), (x, cnn_out[s]))
             x_in = x
-        new = RingCache(buffer, [*slots, *order])
-        if ring is None:
-            return x, cnn_out, new.logical()        # a tensor in, a tensor out: the buffer in order
-        return x, cnn_out, trim.apply(new) if trim is not None else new
+        return x, cnn_out
 
     def _run_step(self, args, outs) -> None:
         """One step on `args`, its outputs written into `outs`."""
@@ -160,6 +183,8 @@ class EulerReplay:
     def release(self) -> None:
         if isinstance(self.step, CapturedCall):
             self.step.release()
+        if self.graphs is not None:
+            self.graphs.release()
 
 
 def graph_inputs(info: ArtifactInfo) -> tuple[list[tuple[int, ...]], list[torch.dtype]]:
@@ -274,6 +299,11 @@ class AOTIEngine(Engine):
             return as_list(self._fn(*args, trim=trim))
         return as_list(self._fn(*args))
 
+    @property
+    def solve_graphs(self) -> SolveGraphs | None:
+        """The whole-solve graphs this engine serves resident rings from (None: it has none)."""
+        return self._fn.graphs if isinstance(self._fn, EulerReplay) else None
+
     def release(self) -> None:
         if isinstance(self._fn, (EulerReplay, CapturedCall)):
             self._fn.release()
@@ -317,6 +347,13 @@ class AOTIBackend(Backend):
         return (self.cuda_graphs and device.type == "cuda" and bool(info.input_shapes)
                 and (self.graph_max_bytes is None or nbytes(*graph_inputs(info)) <= self.graph_max_bytes))
 
+    def solve_graphed(self, info: ArtifactInfo, device: torch.device) -> bool:
+        """Whether `load` solves resident rings of this artifact in whole-solve graphs
+        (runtime.engines.solve_graphs): an in-place CFM step on CUDA that is not graphed per step."""
+        extra = info.extra or {}
+        return (self.cuda_graphs and device.type == "cuda" and bool(extra.get("cfm_step"))
+                and extra.get("step_att") == "in_place" and not self.graphed(info, device))
+
     def pool(self, device: torch.device) -> GraphPool:
         """The pool new graphs on `device` capture into: shared while any of its graphs lives."""
         if device not in self._pools or self._pools[device].retired:
@@ -336,8 +373,8 @@ class AOTIBackend(Backend):
              device: torch.device) -> Engine:
         if weights is None:
             raise ValueError("AOTI packages are built without weights: pass the component's shared weights")
-        graphed = self.graphed(info, device)
-        runner = load_runner(str(info.path), device, single_threaded=graphed)
+        graphed, solve_graphed = self.graphed(info, device), self.solve_graphed(info, device)
+        runner = load_runner(str(info.path), device, single_threaded=graphed or solve_graphed)
         keep = [runner, bind_constants(runner, info, weights, device)]
         extra = info.extra or {}
         form = extra.get("step_att", "whole") if extra.get("cfm_step") else None
@@ -347,5 +384,6 @@ class AOTIBackend(Backend):
             call = (lambda *a: runner(*a[:-1], *a[-1].unbind(0))) if form == "in_place" else runner
             fn = CapturedCall(call, *graph_inputs(info), device, self.pool(device))
         if form is not None:
-            fn = EulerReplay(fn, int(extra.get("n_steps", 10)), device, form)
+            fn = EulerReplay(fn, int(extra.get("n_steps", 10)), device, form,
+                             solve_graphs=SOLVE_GRAPHS if solve_graphed else 0)
         return AOTIEngine(info, fn, device, keep)

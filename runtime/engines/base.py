@@ -59,6 +59,7 @@ class Engine(abc.ABC):
 
     info: ArtifactInfo
     takes_rings = False         # whether run_impl takes a runtime.ring.RingCache as it is
+    solve_graphs = None         # where it solves resident rings in whole-solve graphs: their SolveGraphs
 
     def run(self, inputs: Sequence[torch.Tensor], trim: CacheTrim | None = None) -> list[torch.Tensor]:
         """Run on `inputs` (in `info.input_names` order, exact shapes); return outputs in order,

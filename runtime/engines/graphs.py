@@ -94,13 +94,17 @@ class CapturedCall:
     generation: what the capture baked in besides the static buffers, as a number that changes
         when it moves (TensorRT: the address of the backend's shared scratch memory); a call that
         sees another number captures again first. None: the capture never goes stale.
-    lazy: capture on the first call (warming up on its inputs), not now (on zeros).
+    lazy: capture on the first call (warming up on its inputs), not now (on zeros). A lazy
+        capture runs on a serving thread while other threads may be running theirs, so it is
+        captured in CUDA's thread-local mode: a call that is unsafe during a capture (cudaMalloc
+        on an allocator miss) fails only on the capturing thread, not on every thread of the
+        process as in the default global mode.
     """
 
     def __init__(self, fn: Callable, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
                  device: torch.device, pool: GraphPool | None = None, *, warmups: int = 2,
                  generation: Callable[[], int] | None = None, lazy: bool = False):
-        self.fn, self.device, self.warmups, self.generation = fn, device, warmups, generation
+        self.fn, self.device, self.warmups, self.generation, self.lazy = fn, device, warmups, generation, lazy
         self.pool = pool or GraphPool(device)
         self.inputs = [torch.zeros(tuple(s), dtype=d, device=device) for s, d in zip(shapes, dtypes)]
         self.graph = None
@@ -141,7 +145,8 @@ class CapturedCall:
             # counted before capturing: a capture that fails may still have registered the pool
             # with PyTorch, and a pool with no live graph must not be captured into again
             pool.captured += 1
-            with torch.cuda.graph(graph, pool=pool.handle):
+            mode = "thread_local" if self.lazy else "global"
+            with torch.cuda.graph(graph, pool=pool.handle, capture_error_mode=mode):
                 outputs = as_list(self.fn(*self.inputs))
             self.graph, self.outputs, self._captured_at = graph, outputs, at
             if self._finalizer is None:
@@ -180,3 +185,11 @@ class CapturedCall:
         self.graph, self.inputs, self.outputs, self.fn = None, [], [], None
         if self._finalizer is not None:
             self._finalizer()
+
+
+def release_between_captures(calls) -> None:
+    """Release `calls` (CapturedCalls) while no capture runs in the process: for a serving thread
+    that drops graphs while another thread may be capturing one (SolveGraphs)."""
+    with _capture_lock:
+        for call in calls:
+            call.release()

@@ -77,3 +77,65 @@ def test_weights_layout_lists_only_weights_not_stored_contiguously():
     assert sorted(unit_weights(unit)) == ["bias", "weight"] and weights_layout(unit) == {}
     unit.weight = torch.nn.Parameter(torch.randn(3, 4).t())                       # a transposed view: strides (1, 4)
     assert weights_layout(unit) == {"weight": [1, 4]}
+
+
+class StaleAfterCapture:
+    """An engine whose solves of a resident ring, after the first, return that first one's mel
+    and cnn caches (the ring's frames are right): a whole-solve graph that followed only the
+    inputs it was captured on, as design note 8's first graph did."""
+
+    def __init__(self, engine):
+        self.engine, self.solve_graphs, self.calls, self.first = engine, engine.solve_graphs, 0, None
+
+    def run(self, inputs, trim=None):
+        out = self.engine.run(inputs, trim)
+        self.calls += 1
+        if self.calls == 3:                # chunk 0 laid the ring out; chunk 1 was the capture's
+            self.first = out[:2]
+        return list(self.first) + out[2:] if self.calls > 3 else out
+
+    def release(self):
+        self.engine.release()
+
+
+def test_an_engine_that_solves_resident_rings_in_graphs_is_checked_as_a_steady_stream(tmp_path, monkeypatch):
+    """An AOTI CFM engine with solve graphs (runtime.engines.solve_graphs; here over the eager
+    in-place step on the fake GPU of tests/runtime/engines/test_graphs.py) is verified on a
+    tensor, then as a steady stream: a ring it laid out, handed back (the graph's capture) and
+    handed back again on other inputs (its replay). Right, it passes every check (fp32: the
+    attention's key order is all that differs, rel-L2 well under 1e-4); an engine right only on
+    its capture's inputs fails closed on the replay chunk."""
+    from c2w.runtime.engines.aoti import AOTIEngine, EulerReplay
+    from c2w.runtime.manifest import Entry, Status
+    from c2w.runtime.units import SPECS
+    from c2w.runtime.verify import artifact_info, check_entry
+    from tests.runtime.engines.test_graphs import fake_cuda
+    cuda = fake_cuda(monkeypatch)
+    model = load_model("random:tiny")
+    key = ShapeKey.named("cfm", "float32", B=1, T=4, L=100)
+    spec = SPECS["cfm"]
+    unit = spec.export_variant.build(model).eval()
+    step = cuda.kernel(lambda *a: torch.no_grad()(unit)(*a))     # as a package runs it: no autograd
+
+    def entry():
+        return Entry(key.id, "cfm", {"B": 1, "T": 4, "L": 100}, "float32", "steady", Status.PENDING, artifact="x",
+                     input_names=list(spec.input_names(key)), output_names=list(spec.output_names))
+
+    made = []
+
+    def engine(info):
+        made.append(EulerReplay(step, model.cfg.n_timesteps, torch.device("cpu"), "in_place", solve_graphs=2))
+        return AOTIEngine(info, made[-1], torch.device("cpu"), [])
+
+    good = type("B", (), {"load": lambda self, info, w, d: engine(info)})()
+    e = check_entry(model, good, tmp_path, entry(), torch.device("cpu"))
+    assert e.status == Status.BUILT, e.error
+    names = list(spec.output_names)
+    assert sorted(e.parity.rel_l2) == sorted(names + [f"{n} (ring {c})" for n in names for c in ("capture", "replay")])
+    assert max(e.parity.rel_l2.values()) < 1e-5
+    assert made[0].graphs.captures == 1 and made[0].graphs.live == 0        # captured once, released with the engine
+
+    stale = type("B", (), {"load": lambda self, info, w, d: StaleAfterCapture(engine(info))})()
+    e = check_entry(model, stale, tmp_path, entry(), torch.device("cpu"))
+    assert e.status == Status.FAILED and e.parity.rel_l2["mel (ring replay)"] > 1e-2
+    assert e.parity.rel_l2["mel (ring capture)"] < 1e-5 and "mel (ring replay)" in e.error

@@ -4,19 +4,22 @@
 semantics where they matter, for work launched through `FakeCuda.kernel`: under capture it is
 recorded, not run (its outputs stay NaN until a replay), and a replay calls the recorded functions
 again on the very tensors they were given, writing into the very tensors they returned, as a
-graph's baked-in addresses do. A pool
-whose last graph is destroyed is gone, and capturing into it fails, as in PyTorch. The real
-capture runs in tests/runtime/test_cuda.py (GPU).
+graph's baked-in addresses do. Every other torch call made under capture (the copies between a
+replay's steps, say) runs at once and is recorded as well, so a replay repeats it in its place
+among the kernels. A pool whose last graph is destroyed is gone, and capturing into it fails, as
+in PyTorch. The real capture runs in tests/runtime/test_cuda.py (GPU).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import weakref
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from c2w.runtime.engines import graphs
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool, as_list
@@ -32,7 +35,8 @@ class FakeGraph:
         self.replays += 1
         for fn, args, outs in self.launches:
             for dst, src in zip(outs, as_list(fn(*args))):
-                dst.copy_(src)
+                if isinstance(dst, torch.Tensor) and dst is not src:
+                    dst.copy_(src)
 
     def __del__(self):
         if self.handle is not None:
@@ -55,12 +59,31 @@ class FakeEvent:
         self.recorded += 1
 
 
+class _Recorder(TorchFunctionMode):
+    """Under a fake capture, records each torch call made outside FakeCuda.kernel that returns
+    tensors, with its arguments and results, for the graph's replay."""
+
+    def __init__(self, cuda: "FakeCuda"):
+        super().__init__()
+        self.cuda = cuda
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        graph = self.cuda.capturing
+        if graph is not None and not self.cuda.in_kernel and any(isinstance(o, torch.Tensor) for o in as_list(out)):
+            graph.launches.append((functools.partial(func, **kwargs), args, as_list(out)))
+        return out
+
+
 class FakeCuda:
     """What the fake GPU did: calls run outside capture (`eager_calls`), and per pool handle the
     graphs that hold it (`graphs_in_pool`)."""
 
     def __init__(self):
         self.capturing: FakeGraph | None = None
+        self.in_kernel = False
+        self.capture_modes: list[str] = []
         self.eager_calls = 0
         self.graphs_in_pool: dict[int, int] = {}
         self._handles = itertools.count()
@@ -70,14 +93,16 @@ class FakeCuda:
         return next(self._handles)
 
     @contextlib.contextmanager
-    def graph(self, g: FakeGraph, pool=None):
+    def graph(self, g: FakeGraph, pool=None, capture_error_mode="global"):
         if self.graphs_in_pool.get(pool, None) == 0:      # PyTorch: internal assert `use_count > 0`
             raise RuntimeError(f"capture into pool {pool}, released with its last graph")
         g.handle = pool
         self.graphs_in_pool[pool] = self.graphs_in_pool.get(pool, 0) + 1
+        self.capture_modes.append(capture_error_mode)
         self.capturing = g
         try:
-            yield
+            with _Recorder(self):
+                yield
         finally:
             self.capturing = None
 
@@ -85,13 +110,17 @@ class FakeCuda:
         """`fn` as the fake GPU runs it: at once outside capture; recorded under capture (with the
         tensors it was given and returned, which it leaves unwritten: NaN)."""
         def launch(*args):
-            outs = fn(*args)
-            if self.capturing is None:
-                self.eager_calls += 1
-            else:
-                self.capturing.launches.append((fn, args, as_list(outs)))
-                for o in as_list(outs):
-                    o.fill_(float("nan"))
+            self.in_kernel = True
+            try:
+                outs = fn(*args)
+                if self.capturing is None:
+                    self.eager_calls += 1
+                else:
+                    self.capturing.launches.append((fn, args, as_list(outs)))
+                    for o in as_list(outs):
+                        o.fill_(float("nan"))
+            finally:
+                self.in_kernel = False
             return outs
         return launch
 
@@ -375,7 +404,9 @@ def _in_place_replays(cuda, T, L):
     assert shapes[-2:] == [(T,), (2, 2, 1, T + L, 2)] and dtypes[-2:] == [torch.int64, torch.float32]
     graphed = CapturedCall(cuda.kernel(lambda *a: _in_place_step(*a[:-1], *a[-1].unbind(0))), shapes, dtypes, CPU)
     return {"plain": EulerReplay(_in_place_step, 10, CPU, "in_place"),
-            "graphed": EulerReplay(graphed, 10, CPU, "in_place")}
+            "graphed": EulerReplay(graphed, 10, CPU, "in_place"),
+            # the step ungraphed, resident rings solved by one graph each (runtime.engines.solve_graphs)
+            "solve_graphs": EulerReplay(cuda.kernel(_in_place_step), 10, CPU, "in_place", solve_graphs=2)}
 
 
 def _stream_inputs(g, T, L):
@@ -383,7 +414,7 @@ def _stream_inputs(g, T, L):
                                                    (10, 2, 2, 1, L, 2))]
 
 
-@pytest.mark.parametrize("form", ["plain", "graphed"])
+@pytest.mark.parametrize("form", ["plain", "graphed", "solve_graphs"])
 def test_an_in_place_step_replays_to_upstreams_cache_from_a_tensor(cuda, form):
     """Handed the cache as a tensor, the in-place replay lays it out after the chunk's T slots
     and returns the new cache as a tensor in upstream's order, graphed or not: exactly what the
@@ -397,17 +428,19 @@ def test_an_in_place_step_replays_to_upstreams_cache_from_a_tensor(cuda, form):
     replay.release()
 
 
-@pytest.mark.parametrize("form", ["plain", "graphed"])
+@pytest.mark.parametrize("form", ["plain", "graphed", "solve_graphs"])
 def test_an_in_place_replay_keeps_a_streams_cache_in_its_buffer(cuda, form):
     """A stream's chunks at its steady key (T=3, L=102: the trim keeps P + 100 = 102 frames),
     each handed the last one's ring. Chunk 0's ring fills its buffer (no slot free): the cache is
     laid out anew in T + L = 105 slots; from chunk 1 on, the trim has freed exactly T slots, the
-    chunk writes its frames there and the ring keeps its buffer. Graphed or not, each chunk
-    matches upstream's way fed its own trimmed cache (only the sums' order differs: rtol 1e-5,
-    atol 1e-6)."""
+    chunk writes its frames there and the ring keeps its buffer. Graphed per step, ungraphed, or
+    with solve graphs (chunk 1 captures the whole solve over the buffer chunk 0 returned, chunks
+    2 and 3 replay it on their own inputs), each chunk matches upstream's way fed its own trimmed
+    cache (only the sums' order differs: rtol 1e-5, atol 1e-6)."""
     from c2w.runtime.ring import RingCache
     from c2w.runtime.trim import CacheTrim
     replay, trim = _in_place_replays(cuda, 3, 102)[form], CacheTrim(2)
+    calls, captures = cuda.eager_calls, len(cuda.capture_modes)     # the per-step graph's, at its construction
     g = torch.Generator().manual_seed(4)
     *_, cnn, att = _stream_inputs(g, 3, 102)
     want_att, got_att, buffers = att, RingCache.of(att), []
@@ -424,6 +457,11 @@ def test_an_in_place_replay_keeps_a_streams_cache_in_its_buffer(cuda, form):
         cnn = want[1]
     assert buffers[0].shape[-2] == 105 and buffers[0] is not att
     assert buffers[0] is buffers[1] is buffers[2] is buffers[3]
+    if form == "solve_graphs":
+        graph = replay.graphs.held(buffers[0])
+        assert replay.graphs.captures == 1 and graph.graph.replays == 3
+        assert cuda.eager_calls - calls == 20              # chunk 0's ten steps, the warm-up solve's ten
+        assert cuda.capture_modes[captures:] == ["thread_local"]    # captured on a serving thread's call
     replay.release()
 
 
