@@ -1,13 +1,19 @@
-"""Where a lone stream's time goes in the stream server, beside a direct `Runtime.step`.
+"""Where a chunk's time goes in the stream server, beside a direct `Runtime.step` of the same batch.
 
-One stream of 28-token chunks, each submitted as soon as the last came back (concurrency 1).
-The server's path is cut into phases by wrapping its methods from outside (nothing in
-runtime/ is changed): submit (the caller's checks and queueing), wake (until the chunk lane has
-picked the batch), before step (gather / in-place set-up), step (the driver's call, waited for
-on the device), after step (PCM to the host, bookkeeping), delivery (until the caller has its
-PCM). Prints the medians and writes JSON.
+N streams (default 1) of K-token chunks in lockstep: each round submits every stream's next
+chunk at once (`submit_many`) as soon as the last round's PCM is all back, so the server runs
+each round as one batch of N, resident from the third round on (docs/serving.md). The direct
+reference steps the same N streams as one batch with `Runtime.step`, PCM on the host. The
+server's path is cut into phases by wrapping its methods from outside (nothing in runtime/ is
+changed): submit (the caller's checks and queueing), wake (until the chunk lane has picked the
+batch), before step (gather / in-place set-up), step (the driver's call, waited for on the
+device), after step (PCM to the host, bookkeeping), delivery (until the caller has every PCM).
+Rounds from the fourth on count (the first three change keys; at B=32 the fourth is the first
+that finds a resident ring, whose solve graph it captures; `--skip` more to leave it out). Prints
+the medians and writes JSON.
 
     python benchmarks/serving/overhead.py /tmp/art/all --out overhead.json
+    python benchmarks/serving/overhead.py /tmp/art/all --streams 32 --chunk-tokens 78 --skip 4 --out o32.json
 """
 from __future__ import annotations
 
@@ -28,23 +34,28 @@ PHASES = ("submit", "wake", "before_step", "step", "after_step", "delivery")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifacts")
+    ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--chunk-tokens", type=int, default=28)
     ap.add_argument("--chunks", type=int, default=40)
+    ap.add_argument("--skip", type=int, default=2, help="rounds not counted after the first")
     ap.add_argument("--out", default="overhead.json")
     args = ap.parse_args()
 
     rt = runtime.load(args.artifacts)
     cfg, device = rt.model.cfg, rt.driver._device()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    prompt, pmel, spk, chunks = session_inputs(cfg, 5, int(rt.schedule.get("prompt_frames", 300)), 28, args.chunks)
-    steady = [t for t, _ in chunks[2:-1]]            # past the first two chunks: one steady key
+    P, N = int(rt.schedule.get("prompt_frames", 300)), args.streams
+    ins = [session_inputs(cfg, 5 + i, P, args.chunk_tokens, args.chunks) for i in range(N)]
+    rounds = len(ins[0][3]) - 1                        # the final chunk is not a steady one
+    counted = lambda j: j > args.skip                  # noqa: E731
 
-    # direct: Runtime.step on one stream, PCM on the host, as a caller would
-    state = rt.setup(prompt[None], pmel[None], spk[None])
+    # direct: Runtime.step on the N streams as one batch, PCM on the host, as a caller would
+    state = rt.setup(*[torch.stack([x[k] for x in ins]) for k in range(3)])
     direct = []
-    for j, (t, _) in enumerate(chunks[:-1]):
+    for j in range(rounds):
         t0 = time.perf_counter()
-        rt.step(state, t[None]).float().cpu()
-        if j >= 2:
+        rt.step(state, torch.stack([x[3][j][0] for x in ins])).float().cpu()
+        if counted(j):
             direct.append(time.perf_counter() - t0)
 
     # served, with the phases stamped
@@ -73,36 +84,42 @@ def main() -> None:
 
     serving.StreamServer._next_batch, serving.StreamServer._chunk = timed_next_batch, timed_chunk
     rt.driver.step = timed_step
-    phases, served = {p: [] for p in PHASES}, []
+    phases, served, batches = {p: [] for p in PHASES}, [], []
     try:
-        with rt.serve(max_streams=2) as srv:
-            h = srv.open_stream(prompt, pmel, spk)
-            h.ready.result()
-            for j, (t, _) in enumerate(chunks[:-1]):
+        with rt.serve(max_streams=max(2, N)) as srv:
+            handles = [srv.open_stream(*x[:3]) for x in ins]
+            for h in handles:
+                h.ready.result()
+            for j in range(rounds):
                 t0 = time.perf_counter()
-                fut = srv.submit(h, t)
+                futures = srv.submit_many([(h, x[3][j][0], False) for h, x in zip(handles, ins)])
                 t_sub = time.perf_counter()
-                fut.result()
+                for fut in futures:
+                    fut.result()
                 t1 = time.perf_counter()
-                if j < 2:
+                if not counted(j):
                     continue
                 served.append(t1 - t0)
                 for p, v in zip(PHASES, (t_sub - t0, marks["picked"] - t_sub, marks["step0"] - marks["picked"],
                                          marks["step1"] - marks["step0"], marks["chunk1"] - marks["step1"],
                                          t1 - marks["chunk1"])):
                     phases[p].append(v)
+            stats = srv.stats()
     finally:
         serving.StreamServer._next_batch, serving.StreamServer._chunk = next_batch, chunk
         del rt.driver.step
 
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
-    res = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "steady_chunks": len(steady),
-           "direct_ms": ms(direct), "served_ms": ms(served), "phases_ms": {p: ms(v) for p, v in phases.items()}}
+    res = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "streams": N,
+           "chunk_tokens": args.chunk_tokens, "rounds_counted": len(served), "direct_ms": ms(direct),
+           "served_ms": ms(served), "phases_ms": {p: ms(v) for p, v in phases.items()},
+           "server_calls": stats["calls"], "in_place_calls": stats.get("in_place_calls", 0)}
     res["overhead"] = res["served_ms"] / res["direct_ms"] - 1
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"direct {res['direct_ms']:.2f} ms, served {res['served_ms']:.2f} ms ({res['overhead'] * 100:+.1f} %); "
-          + ", ".join(f"{p} {v:.3f}" for p, v in res["phases_ms"].items()))
+    print(f"N={N}, {args.chunk_tokens}-token chunks: direct {res['direct_ms']:.2f} ms, served {res['served_ms']:.2f} ms "
+          f"({res['overhead'] * 100:+.1f} %); " + ", ".join(f"{p} {v:.3f}" for p, v in res["phases_ms"].items())
+          + f"; in-place calls {res['in_place_calls']}")
 
 
 if __name__ == "__main__":
