@@ -180,6 +180,17 @@ def run_level(rt, server, N: int, *, P: int, chunk_tokens: int, steady_chunks: i
                            chunk_tokens, rt, check_streams)
 
 
+def steady_window(logs, saturated: int) -> tuple[float, float, list[dict]]:
+    """(start, end, chunks done within): the steady phase of one level. It opens once every
+    stream has its first chunk at the saturated cache length (chunk `saturated`, the third) back,
+    and closes when the first stream submits its final chunk. Opening it at that chunk's
+    submission instead counted, for clients that keep chunks queued ahead (`--ahead`), the calls
+    still running the chunks before it (each stream's second chunk) as steady ones."""
+    a = max(next(c["t_done"] for c in log["chunks"] if c["i"] == saturated) for log in logs)
+    b = min(next(c["t_submit"] for c in log["chunks"] if c["last"]) for log in logs)
+    return a, b, [c for log in logs for c in log["chunks"] if c["i"] > saturated and not c["last"] and a < c["t_done"] <= b]
+
+
 def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, before_srv, after_srv,
                     chunk_tokens, rt, check_streams) -> dict:
     chunk_audio = cfg.up_rate * (chunk_tokens - cfg.encoder.pre_lookahead) / 50
@@ -196,12 +207,7 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
             audio += c["samples"] / SAMPLE_RATE
             ms = (c["t_done"] - c["t_submit"]) * 1e3
             (first if c["i"] == 0 else steady if not c["last"] else []).append(ms)
-    # steady phase: from the last stream's first chunk at the saturated cache length (its third
-    # chunk) to the first stream's final chunk
-    saturated = min(2, len(ins[0][3]) - 2)
-    a = max(next(c["t_submit"] for c in log["chunks"] if c["i"] == saturated) for log in logs)
-    b = min(next(c["t_submit"] for c in log["chunks"] if c["last"]) for log in logs)
-    in_window = [c for log in logs for c in log["chunks"] if c["i"] > 0 and not c["last"] and a <= c["t_done"] <= b]
+    a, b, in_window = steady_window(logs, saturated=min(2, len(ins[0][3]) - 2))
     wall = max(c["t_done"] for log in logs for c in log["chunks"]) - t_start
     hits = misses = 0
     for comp, per in after_units.items():

@@ -64,6 +64,8 @@ class EulerReplay:
     returns is kept: a package loaded with run_single_threaded=True may hand back the same
     buffers on every call. A graphed in-place step (CapturedCall over `step_graph_inputs`) takes
     its blocks' buffers as one static tensor; the replay copies the chunk's slots back out of it.
+    An ungraphed in-place step may instead solve the rings it returned, once handed back, from one
+    graph of the whole solve over their buffer (`solve_graphs`, runtime.engines.solve_graphs).
     """
 
     FORMS = ("whole", "chunk_frames", "in_place")

@@ -4,7 +4,9 @@ then replayed per call).
 
 Whether a backend captures an artifact is its policy (`Backend.cuda_graphs`, `Backend.graphed`);
 how it captures is here. AOTInductor captures each graphed engine at load into the backend's
-shared pool (for the CFM: ONE Euler step, runtime.engines.aoti says why). TensorRT captures a key
+shared pool (for the CFM: ONE Euler step, runtime.engines.aoti says why), and an in-place CFM
+engine too large for that captures the whole solve of each resident ring lazily, in a pool of its
+own (runtime.engines.solve_graphs). TensorRT captures a key
 on its first call and again whenever the backend's shared scratch memory moves (`generation`).
 `c2w bench` times eager under one graph with a pool of its own.
 """

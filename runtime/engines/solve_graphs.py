@@ -4,13 +4,14 @@ a graph per step, captured over a stream batch's own attention buffer.
 At B=32 one Euler step's attention buffers are over a gigabyte, too much to copy into and out of
 a per-step graph's static inputs (runtime.engines.aoti, GRAPH_MAX_BYTES), so each step runs as
 the package's own call: the host launches the solve's ~3,900 kernels one by one, and the GPU
-idles ~2 us between them (H200: 7.5 of a 63 ms solve). But a batch that stays together (the
+idles ~2 us between them (H200: 9.4 ms of a 65.7 ms solve). But a batch that stays together (the
 server's resident batches, runtime.serving) hands the replay the ring it returned, chunk after
 chunk, and that ring's buffer never moves (runtime.ring). One graph of the whole solve over THAT
 buffer then serves every later chunk: its static inputs are the chunk's mu, spk, cond, x0, cnn
-caches and free slots (tens of MB at B=32, not the buffer), and its steps write the chunk's
-frames straight into the buffer's free slots. H200, B=32 T=150 L=400 (run 23): 60-61 ms per
-solve against 64-72 as the package's own calls.
+caches and free slots (90 MB with the outputs at B=32 T=150, not the buffer), and its steps
+write the chunk's frames straight into the buffer's free slots. H200, B=32 T=150 L=400
+(benchmarks/h200, run 24): 61.35 ms per solve against 65.70 as the package's own calls, the
+same outputs bit for bit.
 
 Policy (`SolveGraphs`): a buffer the replay returned in a ring (`returned`) and is handed back
 with exactly T free slots gets a graph (`run`), captured lazily on that call, on that chunk's
@@ -19,9 +20,9 @@ step's x is copied into a buffer the graph owns before the next step reads it (t
 read what the package handed back: a 10-step graph that did followed only its capture's inputs,
 docs/aoti.md). A graph is released when its buffer is freed, when more than `limit` graphs live
 (the least recently used first), and with the engine; a buffer whose capture failed is solved
-step by step from then on. The graphs of one engine share a memory
-pool of their own, not the backend's: a solve holding the backend's pool would hold up the small
-graphed engines of other serving lanes for its whole 60 ms.
+step by step from then on. The graphs of one engine share a memory pool of their own, not the
+backend's: a solve holding the backend's pool would hold up the small graphed engines of other
+serving lanes for its whole 60 ms.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from c2w.runtime.errors import C2WUserError
 from c2w.runtime.ring import RingCache
 from c2w.runtime.serving import plan_batches
 from c2w.runtime.slots import ServerFullError
-from c2w.runtime.units import EagerRunner, ShapeKey, rel_l2
+from c2w.runtime.units import SPECS, EagerRunner, ShapeKey, rel_l2
 from tests.conftest import PCM_TOL, SETUP_B1
 
 pytestmark = pytest.mark.slow
@@ -274,6 +274,53 @@ def test_a_server_keeps_an_in_place_cache_where_the_engine_wrote_it(rt):
     assert ring.in_place >= 2 and ring.laid_out >= 2 and stats["flushed_rows"] >= 2, (ring.in_place, stats)
     for i in want:
         assert len(got[i]) == len(want[i]) and all(torch.equal(x, y) for x, y in zip(got[i], want[i])), i
+
+
+class SolveGraphedCFM:
+    """Wraps a runner; serves the CFM's chunks with a cache (L > 0) as the AOTI backend serves a
+    B=32 key on CUDA: the eager in-place Euler step (runtime.units.CFMStepUnit) replayed by
+    EulerReplay with solve graphs, on the fake GPU of tests/runtime/engines/test_graphs.py, so a
+    resident batch's ring handed back is solved by one captured graph of the whole solve."""
+
+    def __init__(self, runner, model, cuda):
+        unit = SPECS["cfm"].export_variant.build(model).eval()
+        self.step = cuda.kernel(lambda *a: torch.no_grad()(unit)(*a))
+        self.runner, self.steps, self.replays = runner, model.cfg.n_timesteps, {}
+
+    def run(self, key, inputs, trim=None):
+        if key.component != "cfm" or key.dim("L") == 0:
+            return self.runner.run(key, inputs, trim)
+        from c2w.runtime.engines.aoti import EulerReplay
+        if key not in self.replays:
+            self.replays[key] = EulerReplay(self.step, self.steps, torch.device("cpu"), "in_place", solve_graphs=2)
+        *rest, att = inputs
+        return list(self.replays[key](*[t.contiguous() for t in rest], att, trim=trim))
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def test_a_server_solves_its_resident_rings_from_solve_graphs(rt, monkeypatch):
+    """The serving path of a B=32 AOTI CFM engine on CUDA, on the CPU: resident batches hand the
+    replay back the ring it returned, the first such chunk captures the whole solve over that
+    ring's buffer and the later ones replay it, on the serving thread; every chunk's audio
+    matches the same schedule served by the directory's own engines (the in-place step attends
+    to its keys in another order: rounding only, PCM_TOL)."""
+    from tests.runtime.engines.test_graphs import fake_cuda
+    _, want, _ = serve_lockstep_with_a_gap(rt, chunks=7, gap=2)
+    graphed = SolveGraphedCFM(rt.cache, rt.model, fake_cuda(monkeypatch))
+    rt.driver.runner = graphed
+    try:
+        _, got, stats = serve_lockstep_with_a_gap(rt, chunks=7, gap=2)
+    finally:
+        rt.driver.runner = rt.cache
+    graphs = [r.graphs for r in graphed.replays.values()]
+    held = [g.held(e.ref()) for g in graphs for e in g._buffers.values() if e.ref() is not None]
+    replays = sorted(c.graph.replays for c in held if c is not None)
+    assert stats["in_place_calls"] >= 2 and sum(g.captures for g in graphs) >= 1 and replays and replays[-1] >= 2, \
+        (stats, replays)
+    for i in want:
+        assert len(got[i]) == len(want[i]) and all(rel_l2(x, y) <= PCM_TOL for x, y in zip(got[i], want[i])), i
 
 
 def serve_two_cohorts(rt, lanes: int):

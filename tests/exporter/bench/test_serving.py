@@ -147,3 +147,20 @@ def test_expected_samples_of_a_chunk(n, last, first, want):
     chunk holds back for the cross-fade, plus the 3840 the chunk before it held back."""
     from c2w.exporter.bench.serving import expected_samples
     assert expected_samples(TINY, n, last, first) == want
+
+
+def test_the_steady_window_opens_once_every_stream_has_its_saturated_chunk_back():
+    """Two streams keeping one chunk queued ahead: chunk 2 (the saturated one) is submitted while
+    chunk 1, a slow call, still runs. The window opens when the later stream's chunk 2 is back,
+    so chunk 1 and chunk 2 count in neither stream, and it closes at the first final chunk's
+    submission (1.4 s): both streams' chunk 3 and the first stream's chunk 4 fall in it."""
+    from c2w.exporter.bench.serving import steady_window
+
+    def log(shift):
+        # (i, t_submit, t_done): chunk 1 takes 1 s; chunks 2-5 are back every 0.1 s after it
+        times = [(0, 0.0, 0.1), (1, 0.0, 1.1), (2, 0.1, 1.2), (3, 1.1, 1.3), (4, 1.2, 1.4), (5, 1.3, 1.5)]
+        chunks = [{"i": i, "t_submit": s + shift, "t_done": d + shift, "last": False} for i, s, d in times]
+        return {"chunks": chunks + [{"i": 6, "t_submit": 1.4 + shift, "t_done": 1.6 + shift, "last": True}]}
+    a, b, chunks = steady_window([log(0.0), log(0.05)], saturated=2)
+    assert (a, b) == pytest.approx((1.25, 1.4))
+    assert sorted((c["i"], round(c["t_done"], 2)) for c in chunks) == [(3, 1.3), (3, 1.35), (4, 1.4)]
