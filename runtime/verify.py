@@ -120,7 +120,8 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
         errs, wrong = compare(spec, key, got, want)
         del got, want
         if getattr(engine, "solve_graphs", None) is not None:
-            more, more_wrong = steady_ring_errors(engine, unit, model.cfg, key, inputs, device)
+            first, inputs = inputs, None        # handed over: the check drops its cache once laid out
+            more, more_wrong = steady_ring_errors(engine, unit, model.cfg, key, first, device)
             errs.update(more)
             wrong += more_wrong
     finally:
@@ -154,28 +155,40 @@ def compare(spec, key: ShapeKey, got, want, suffix: str = "") -> tuple[dict[str,
 RING_CHUNKS = ("capture", "replay")     # the chunks a steady ring check solves after laying the ring out
 
 
-def steady_ring_errors(engine, unit, cfg, key: ShapeKey, inputs, device) -> tuple[dict[str, float], list[str]]:
+def steady_ring_errors(engine, unit, cfg, key: ShapeKey, inputs: list, device) -> tuple[dict[str, float], list[str]]:
     """A CFM engine that solves resident rings in whole-solve graphs (runtime.engines.solve_graphs)
     checked as a steady stream runs it, at the trim that keeps the key's L frames (P = L - 100):
     chunk 0 lays the cache out in a ring of the engine's own; chunk "capture" hands that ring
     back (the graph is captured on its inputs); chunk "replay" replays it on other inputs. A
-    graph that followed only its capture's inputs (docs/aoti.md) fails the second. Each chunk
-    against the eager unit fed the same ring's frames; names "<output> (ring <chunk>)". A key
-    whose L is under 100 frames is never steady (no trim frees T slots): nothing to check."""
+    graph that followed only its capture's inputs (docs/aoti.md) fails the second, and an engine
+    that solved either chunk without its graph fails too (the check would have checked nothing).
+    Each chunk against the eager unit fed the same ring's frames; names "<output> (ring
+    <chunk>)". A key whose L is under 100 frames is never steady (no trim frees T slots):
+    nothing to check. A capture that raises fails the key (fail closed: serving would solve that
+    ring step by step, but the engine is not what was meant). `inputs` (the key's, as the first
+    check drew them) is taken over: its
+    attention cache is dropped from it once laid out, and later chunks draw only their other
+    inputs (at B=32 each cache is ~12 GB)."""
     from c2w.runtime.ring import RingCache
     from c2w.runtime.trim import KEEP_RECENT, CacheTrim
     L = key.dim("L")
     if L < KEEP_RECENT:
         return {}, []
-    spec, trim = SPECS[key.component], CacheTrim(L - KEEP_RECENT)
-    ring = engine.run(inputs[:5] + [RingCache.of(inputs[5])], trim)[2]
+    spec, trim, graphs = SPECS[key.component], CacheTrim(L - KEEP_RECENT), engine.solve_graphs
+    ring = engine.run(inputs[:5] + [RingCache.of(inputs.pop())], trim)[2]
     errs, wrong = {}, []
     for i, chunk in enumerate(RING_CHUNKS, start=1):
-        x = spec.example_inputs(cfg, key, seed=VERIFY_SEED + i, device=device)[:5]
+        # the first five inputs do not depend on L: drawn for L=1, no cache of the key's size
+        x = spec.example_inputs(cfg, key.with_dims(L=1), seed=VERIFY_SEED + i, device=device)[:5]
         with torch.inference_mode():
             want = list(unit(*x, ring.logical()))
         want[2] = trim.apply(want[2])
+        captures = graphs.captures
         got = engine.run(x + [ring], trim)
+        graph = graphs.held(got[2].buffer)
+        if graph is None or graphs.captures != captures + (chunk == "capture"):
+            wrong.append(f"chunk {chunk}: solved without its solve graph (held: {graph is not None}, "
+                         f"captures {captures} -> {graphs.captures})")
         ring = got[2]
         e, w = compare(spec, key, got[:2] + [ring.logical()], want, f" (ring {chunk})")
         errs.update(e)

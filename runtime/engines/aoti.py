@@ -27,6 +27,7 @@ the calls of each engine either way).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Mapping, Sequence
 
@@ -83,6 +84,7 @@ class EulerReplay:
         self.s = [torch.tensor([s], dtype=torch.int64, device=device) for s in range(n_steps)]
         self.dt = [torch.tensor([v], dtype=torch.float32, device=device) for v in dts]
         self.graphs = SolveGraphs(self._solve_in_place, device, solve_graphs) if solve_graphs else None
+        self._done = None               # CUDA event: the last solve's work (`_in_turn`)
 
     def __call__(self, mu, spk, cond, x0, cnn_cache, att_cache, trim: CacheTrim | None = None):
         if self.form == "in_place":
@@ -127,14 +129,33 @@ class EulerReplay:
             copy_bytes(buffer.narrow(-2, T, L), cache)
             slots, order = list(range(T)), range(T, T + L)
         args = [mu, spk, cond, x0, cnn_cache, self._slots(slots)]
-        out = self.graphs.run(buffer, args) if kept and self.graphs is not None else None
-        x, cnn_out = out if out is not None else self._solve_in_place(buffer, *args)
+        with self._in_turn():
+            out = self.graphs.run(buffer, args) if kept and self.graphs is not None else None
+            x, cnn_out = out if out is not None else self._solve_in_place(buffer, *args)
         new = RingCache(buffer, [*slots, *order])
         if ring is None:
             return x, cnn_out, new.logical()        # a tensor in, a tensor out: the buffer in order
         if self.graphs is not None:
             self.graphs.returned(buffer)
         return x, cnn_out, trim.apply(new) if trim is not None else new
+
+    @contextlib.contextmanager
+    def _in_turn(self):
+        """A replay with solve graphs runs its package single-threaded, graphed or not, and the
+        engine cache orders its calls only on the host: on CUDA each solve's stream waits for the
+        previous solve's work first, whichever stream that ran on (AOTI's thread-safe run, which
+        such packages no longer use, waited on the host), so that two serving lanes' streams never
+        run the package's work at once."""
+        if self.graphs is None or self.device.type != "cuda":
+            yield
+            return
+        stream = torch.cuda.current_stream(self.device)
+        if self._done is not None:
+            stream.wait_event(self._done)
+        yield
+        if self._done is None:
+            self._done = torch.cuda.Event()
+        self._done.record(stream)
 
     def _solve_in_place(self, buffer, mu, spk, cond, x0, cnn_cache, index):
         """The n steps over `buffer`, each writing the chunk's frames into slots `index` of its

@@ -98,13 +98,30 @@ class StaleAfterCapture:
         self.engine.release()
 
 
+class CopiesItsRing:
+    """An engine that hands its inner engine a copy of each ring (RingCache.clone): right values,
+    but never a ring the replay returned, so its solve graphs never run."""
+
+    def __init__(self, engine):
+        self.engine, self.solve_graphs = engine, engine.solve_graphs
+
+    def run(self, inputs, trim=None):
+        from c2w.runtime.ring import RingCache
+        *rest, att = inputs
+        return self.engine.run(rest + [att.clone() if isinstance(att, RingCache) else att], trim)
+
+    def release(self):
+        self.engine.release()
+
+
 def test_an_engine_that_solves_resident_rings_in_graphs_is_checked_as_a_steady_stream(tmp_path, monkeypatch):
     """An AOTI CFM engine with solve graphs (runtime.engines.solve_graphs; here over the eager
     in-place step on the fake GPU of tests/runtime/engines/test_graphs.py) is verified on a
     tensor, then as a steady stream: a ring it laid out, handed back (the graph's capture) and
     handed back again on other inputs (its replay). Right, it passes every check (fp32: the
     attention's key order is all that differs, rel-L2 well under 1e-4); an engine right only on
-    its capture's inputs fails closed on the replay chunk."""
+    its capture's inputs fails closed on the replay chunk, and so does one that never ran its
+    graph."""
     from c2w.runtime.engines.aoti import AOTIEngine, EulerReplay
     from c2w.runtime.manifest import Entry, Status
     from c2w.runtime.units import SPECS
@@ -139,3 +156,9 @@ def test_an_engine_that_solves_resident_rings_in_graphs_is_checked_as_a_steady_s
     e = check_entry(model, stale, tmp_path, entry(), torch.device("cpu"))
     assert e.status == Status.FAILED and e.parity.rel_l2["mel (ring replay)"] > 1e-2
     assert e.parity.rel_l2["mel (ring capture)"] < 1e-5 and "mel (ring replay)" in e.error
+
+    # right values without the graph: the check says it checked no graph
+    copies = type("B", (), {"load": lambda self, info, w, d: CopiesItsRing(engine(info))})()
+    e = check_entry(model, copies, tmp_path, entry(), torch.device("cpu"))
+    assert e.status == Status.FAILED and max(e.parity.rel_l2.values()) < 1e-5
+    assert "chunk capture: solved without its solve graph" in e.error and "chunk replay" in e.error

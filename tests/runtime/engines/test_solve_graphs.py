@@ -80,20 +80,41 @@ def test_a_ring_the_replay_did_not_return_is_solved_step_by_step(cuda):
     assert replay.graphs.captures == 1 and replay.graphs.held(s.ring.buffer) is not None
 
 
-def test_at_most_limit_graphs_live_and_the_least_recent_goes_first(cuda):
-    """Three resident streams, two graphs at most: the third capture releases the least recently
-    used graph; that stream, back, is captured again (each chunk still equals the plain solve)."""
+def test_batches_beyond_the_limit_are_solved_step_by_step_until_a_graph_idles(cuda):
+    """Three resident streams served in turn, two graphs at most: the third is solved step by
+    step rather than evicting a graph that runs every third call (which would capture anew on
+    every call); once the first stream stops, its graph idles, and after 2 x limit calls the
+    third takes its place. Every chunk equals the plain solve."""
     replay, plain = _replays(cuda, limit=2)
     streams = [Stream(seed, replay, plain) for seed in (4, 5, 6)]
-    for s in streams:
-        s.chunk()
-        s.chunk()
+    for _ in range(4):
+        for s in streams:
+            s.chunk()
     graphs = replay.graphs
-    assert graphs.captures == 3 and graphs.live == 2 and graphs.pool.live == 2
-    assert graphs._buffers[id(streams[0].ring.buffer)].graph is None
-    streams[0].chunk()
-    assert graphs.captures == 4 and graphs.live == 2
-    assert graphs._buffers[id(streams[1].ring.buffer)].graph is None
+    assert graphs.captures == 2 and graphs.live == 2 and graphs.pool.live == 2
+    assert graphs.held(streams[2].ring.buffer) is None
+    for _ in range(3):                                  # the first stream has stopped
+        for s in streams[1:]:
+            s.chunk()
+    assert graphs.captures == 3 and graphs.live == 2
+    assert graphs.held(streams[0].ring.buffer) is None and graphs.held(streams[2].ring.buffer) is not None
+
+
+def test_one_graph_at_most_moves_to_the_buffer_in_use(cuda):
+    """limit=1: the graph moves to another buffer once the first has idled, the old pool's last
+    graph released before the new one is captured (a new pool, not the retired one)."""
+    replay, plain = _replays(cuda, limit=1)
+    a, b = Stream(10, replay, plain), Stream(11, replay, plain)
+    for _ in range(2):
+        a.chunk()
+        b.chunk()
+    graphs = replay.graphs
+    assert graphs.captures == 1 and graphs.held(a.ring.buffer) is not None and graphs.held(b.ring.buffer) is None
+    first = graphs.pool
+    for _ in range(4):
+        b.chunk()
+    assert graphs.captures == 2 and graphs.held(b.ring.buffer) is not None and graphs.held(a.ring.buffer) is None
+    assert first.retired and graphs.pool is not first and graphs.pool.live == 1
 
 
 def test_a_graph_goes_with_its_buffer(cuda):
