@@ -175,6 +175,14 @@ class EngineCache:
                 out[key.component][key.id] = dict(c)
         return out
 
+    def solve_graphs(self) -> dict[str, dict[str, int]]:
+        """{key id: {captures, replays, declined, held}} of the loaded engines that solve resident
+        rings from whole-solve graphs (runtime.engines.solve_graphs), since load."""
+        with self._load_lock:
+            engines = dict(self._engines)
+        return {k.id: e.solve_graphs.counts() for k, e in sorted(engines.items())
+                if getattr(e, "solve_graphs", None) is not None}
+
     def unusable(self) -> dict[str, str]:
         """Artifacts that were skipped, with the reason (key id -> reason)."""
         return {k.id: v for k, v in self._bad.items()}

@@ -336,12 +336,23 @@ class StreamServer:
         return s.released
 
     def stats(self) -> dict:
-        """Counters since start, the slot pool, and the engine cache's hits/misses per key."""
+        """Counters since start, the slot pool, the engine cache's hits/misses per key, and the
+        counts of its whole-solve graphs (EngineCache.solve_graphs, every lane's summed)."""
         with self._cv:
             return {"open_streams": len(self._streams), "max_streams": self.max_streams,
                     "lanes": len(self._workers) - 1, "voices": len(self._voices), "pool_bytes": self.pool.nbytes, **dict(self._counts),
                     "calls": {f"{kind} B={b}": n for (kind, b), n in sorted(self._calls.items())},
-                    "units": self.cache.stats()}
+                    "units": self.cache.stats(), "solve_graphs": self._solve_graphs()}
+
+    def _solve_graphs(self) -> dict:
+        """EngineCache.solve_graphs of every lane's engines, summed per key."""
+        out: dict = {}
+        for cache in [self.cache, *self._replicas]:
+            for kid, counts in (cache.solve_graphs() if hasattr(cache, "solve_graphs") else {}).items():
+                total = out.setdefault(kid, dict.fromkeys(counts, 0))
+                for name, n in counts.items():
+                    total[name] += n
+        return out
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the workers; queued chunks are cancelled. The runtime stays usable."""

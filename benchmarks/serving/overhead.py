@@ -113,13 +113,14 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "streams": N,
            "chunk_tokens": args.chunk_tokens, "rounds_counted": len(served), "direct_ms": ms(direct),
            "served_ms": ms(served), "phases_ms": {p: ms(v) for p, v in phases.items()},
-           "server_calls": stats["calls"], "in_place_calls": stats.get("in_place_calls", 0)}
+           "server_calls": stats["calls"], "in_place_calls": stats.get("in_place_calls", 0),
+           "solve_graphs": stats.get("solve_graphs", {})}
     res["overhead"] = res["served_ms"] / res["direct_ms"] - 1
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     print(f"N={N}, {args.chunk_tokens}-token chunks: direct {res['direct_ms']:.2f} ms, served {res['served_ms']:.2f} ms "
           f"({res['overhead'] * 100:+.1f} %); " + ", ".join(f"{p} {v:.3f}" for p, v in res["phases_ms"].items())
-          + f"; in-place calls {res['in_place_calls']}")
+          + f"; in-place calls {res['in_place_calls']}; solve graphs {res['solve_graphs']}")
 
 
 if __name__ == "__main__":

@@ -230,7 +230,11 @@ def summarize_level(cfg, N, ins, logs, t_start, before_units, after_units, befor
            "pool_bytes": after_srv["pool_bytes"], "failed_chunks": after_srv.get("failed_chunks", 0)
            - before_srv.get("failed_chunks", 0),
            **{k: after_srv.get(k, 0) - before_srv.get(k, 0)
-              for k in ("voice_hits", "in_place_calls", "flushed_rows", "overlapped_batches")}}
+              for k in ("voice_hits", "in_place_calls", "flushed_rows", "overlapped_batches")},
+           # per key: whole-solve graphs captured, solves replayed from one, solves declined one
+           "solve_graphs": {kid: {n: v - before_srv.get("solve_graphs", {}).get(kid, {}).get(n, 0)
+                                  for n, v in c.items() if n != "held"}
+                            for kid, c in after_srv.get("solve_graphs", {}).items()}}
     row["solo_check"] = solo_check(rt, ins[:check_streams], [log["pcm"] for log in logs[:check_streams]])
     return row
 
@@ -300,7 +304,8 @@ def bench_serving(artifact_dir: Path, *, concurrency: list[int], chunk_tokens: i
             save(res)
             print(f"  N={N}: ttfa p95 {row['ttfa_ms']['p95']:.1f} ms, steady p95 {row['steady_chunk_ms']['p95']:.1f} ms, "
                   f"{row['audio_s_per_s']:.1f} audio-s/s (steady {row['steady_audio_s_per_s'] or 0:.1f}), "
-                  f"hit rate {row['engine_hit_rate']:.2f}, batches {row['batches']}", flush=True)
+                  f"hit rate {row['engine_hit_rate']:.2f}, batches {row['batches']}"
+                  + (f", solve graphs {row['solve_graphs']}" if row["solve_graphs"] else ""), flush=True)
     rt.release()
     return res
 

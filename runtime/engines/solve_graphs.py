@@ -67,6 +67,8 @@ class SolveGraphs:
         self.pool: GraphPool | None = None
         self.captures = 0                   # graphs captured so far (released ones too)
         self.calls = 0                      # run() calls on buffers the replay returned
+        self.replays = 0                    # solves from a graph (a capture's own call included)
+        self.declined = 0                   # solved step by step: every graph in recent use
         self._buffers: OrderedDict[int, _Buffer] = OrderedDict()   # id(buffer) -> entry, least recent first
         self._freed: list[int] = []         # ids whose buffer was freed (appended by weakref callbacks)
 
@@ -102,6 +104,7 @@ class SolveGraphs:
         entry.used = self.calls
         self._buffers.move_to_end(id(buffer))
         if entry.graph is None and not self._make_room():
+            self.declined += 1
             return None
         if entry.graph is None:
             if self.pool is None or self.pool.retired:
@@ -112,12 +115,18 @@ class SolveGraphs:
             self.captures += 1
         graph = entry.graph
         try:
-            return graph(*inputs)
+            out = graph(*inputs)
+            self.replays += 1
+            return out
         except Exception:
             if not graph.captured:          # the capture failed: never again for this buffer
                 entry.failed, entry.graph = True, None
                 release_between_captures([graph])
             raise
+
+    def counts(self) -> dict[str, int]:
+        """captures, replays, declined (see __init__) and graphs held now."""
+        return {"captures": self.captures, "replays": self.replays, "declined": self.declined, "held": self.live}
 
     def held(self, buffer: torch.Tensor) -> CapturedCall | None:
         """The graph held for `buffer` now, if any."""

@@ -191,3 +191,32 @@ def test_which_cfm_engines_solve_resident_rings_in_graphs(B, T, L, step_att, sol
     assert not AOTIBackend(cuda_graphs=False).solve_graphed(info, CUDA)
     assert not AOTIBackend().solve_graphed(info, CPU)
     assert not AOTIBackend(graph_max_bytes=None).solve_graphed(info, CUDA)     # everything graphed per step
+
+
+def test_the_counts_say_how_each_solve_ran(cuda):
+    """captures, replays (solves from a graph, the capture's own included) and declined solves
+    (step by step because every graph was in recent use), as EngineCache.solve_graphs and the
+    server's stats report them: one stream, then a second one with limit=1."""
+    replay, plain = _replays(cuda, limit=1)
+    a, b = Stream(12, replay, plain), Stream(13, replay, plain)
+    for _ in range(3):
+        a.chunk()                                       # laid out, captured, replayed
+    assert replay.graphs.counts() == {"captures": 1, "replays": 2, "declined": 0, "held": 1}
+    b.chunk()
+    b.chunk()                                           # a's graph ran two calls ago: b declined
+    assert replay.graphs.counts() == {"captures": 1, "replays": 2, "declined": 1, "held": 1}
+
+
+def test_the_engine_cache_reports_the_solve_graphs_of_its_engines(tmp_path):
+    """EngineCache.solve_graphs: per loaded engine that has them, its counts; others are left out."""
+    from types import SimpleNamespace
+
+    from c2w.runtime.cache import EngineCache
+    from c2w.runtime.model.weights import load_model
+    from c2w.runtime.engines.solve_graphs import SolveGraphs
+    cache = EngineCache(tmp_path, load_model("random:tiny"))
+    key, other = ShapeKey("cfm", (32, 150, 400), "float16"), ShapeKey("cfm", (1, 50, 300), "float16")
+    graphs = SolveGraphs(lambda *a: None, CPU)
+    graphs.captures, graphs.replays = 1, 5
+    cache._engines = {key: SimpleNamespace(solve_graphs=graphs), other: SimpleNamespace(solve_graphs=None)}
+    assert cache.solve_graphs() == {key.id: {"captures": 1, "replays": 5, "declined": 0, "held": 0}}
