@@ -127,17 +127,19 @@ def _check_entry(model, backend, out_dir: Path, entry: Entry, device: torch.devi
     finally:
         engine.release()
     tol = spec.tolerance(key)
-    passed = not wrong and all(v <= tol for v in errs.values())
+    over = any(v > tol for v in errs.values())
+    passed = not wrong and not over
     entry.parity = Parity(rel_l2=errs, tol=tol, passed=passed)
     entry.status = Status.BUILT if passed else Status.FAILED
-    wrong_note = f" (outputs of the wrong dtype or shape: {'; '.join(wrong)})" if wrong else ""
-    entry.error = None if passed else f"parity failed: rel-L2 {errs} above {tol}{wrong_note}"
+    problems = ([f"rel-L2 {errs} above {tol}"] if over else []) + wrong
+    entry.error = None if passed else "parity failed: " + "; ".join(problems)
     return entry
 
 
 def compare(spec, key: ShapeKey, got, want, suffix: str = "") -> tuple[dict[str, float], list[str]]:
     """rel-L2 of each output against eager ({name + suffix: value}; inf for an output of another
-    dtype or shape than the unit's, or a missing one), and what was wrong about those."""
+    dtype or shape than the unit's, or a missing one), and what was wrong about those (an output
+    of the wrong dtype or shape, missing, or too many)."""
     errs, wrong = {}, []
     if len(got) > len(want):
         wrong.append(f"{len(got)} outputs{suffix}, expected {len(want)}")
@@ -166,9 +168,8 @@ def steady_ring_errors(engine, unit, cfg, key: ShapeKey, inputs: list, device) -
     <chunk>)". A key whose L is under 100 frames is never steady (no trim frees T slots):
     nothing to check. A capture that raises fails the key (fail closed: serving would solve that
     ring step by step, but the engine is not what was meant). `inputs` (the key's, as the first
-    check drew them) is taken over: its
-    attention cache is dropped from it once laid out, and later chunks draw only their other
-    inputs (at B=32 each cache is ~12 GB)."""
+    check drew them) is taken over: its attention cache is dropped from it once laid out, and
+    later chunks draw only their other inputs (at B=32 each cache is ~12 GB)."""
     from c2w.runtime.ring import RingCache
     from c2w.runtime.trim import KEEP_RECENT, CacheTrim
     L = key.dim("L")
