@@ -67,3 +67,14 @@ def test_an_engine_that_fails_at_run_time_is_served_eagerly_and_counted(model, t
     assert all(torch.equal(a, b) for a, b in zip(got, EagerRunner(model).run(HIFT, inputs)))
     assert cache.stats()["hift"][HIFT.id] == {"hits": 0, "misses": 0, "failures": 1}
     assert f"engine {HIFT.id} failed (RuntimeError: device lost (stand-in)); serving it eagerly" in caplog.text
+
+
+def test_the_engine_cache_reports_the_solve_graphs_of_its_engines(tmp_path):
+    """EngineCache.solve_graphs: per loaded engine that has them, its counts; others are left out."""
+    from c2w.runtime.engines.solve_graphs import SolveGraphs
+    cache = EngineCache(tmp_path, load_model("random:tiny"))
+    key, other = ShapeKey("cfm", (32, 150, 400), "float16"), ShapeKey("cfm", (1, 50, 300), "float16")
+    graphs = SolveGraphs(lambda *a: None, torch.device("cpu"))
+    graphs.captures, graphs.replays = 1, 5
+    cache._engines = {key: types.SimpleNamespace(solve_graphs=graphs), other: types.SimpleNamespace(solve_graphs=None)}
+    assert cache.solve_graphs() == {key.id: {"captures": 1, "replays": 5, "declined": 0, "held": 0}}

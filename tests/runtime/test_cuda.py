@@ -79,6 +79,29 @@ def test_graphed_engine_matches_eager_on_every_new_input(cuda_aoti, component):
         engine.release()
 
 
+def test_a_resident_ring_is_solved_from_one_graph_on_new_inputs(cuda_aoti):
+    """The CFM engine as a B=32 key is served (runtime.engines.solve_graphs), forced at this small
+    key by a byte bar that graphs no step: `c2w verify`'s steady-ring check (a ring laid out,
+    handed back for the capture, handed back again on other inputs) passes, from one capture and
+    two replays."""
+    from c2w.runtime.verify import VERIFY_SEED, steady_ring_errors
+    model, out = cuda_aoti
+    entry = next(e for e in read_manifest(out).entries if e.status == "built" and e.component == "cfm")
+    key, spec, device = entry_key(entry), SPECS["cfm"], torch.device("cuda")
+    unit = spec.build(model, key).eval()
+    backend = AOTIBackend(cuda_graphs=True, graph_max_bytes=0)
+    engine = backend.load(artifact_info(out, entry, model.cfg), unit_weights(unit), device)
+    assert backend.solve_graphed(engine.info, device) and engine.solve_graphs is not None
+    try:
+        inputs = spec.example_inputs(model.cfg, key, seed=VERIFY_SEED, device=device)
+        errs, wrong = steady_ring_errors(engine, unit, model.cfg, key, inputs, device)
+        assert not wrong and errs and max(errs.values()) <= spec.tolerance(key), (errs, wrong)
+        counts = engine.solve_graphs.counts()
+        assert (counts["captures"], counts["replays"], counts["held"]) == (1, 2, 1), counts
+    finally:
+        engine.release()
+
+
 def test_captured_call_recaptures_when_what_it_baked_in_moves():
     """The helper's TensorRT-style path on a real graph (no TensorRT run has exercised it): captured
     on the first call, replayed on new inputs, captured again into the same pool once the buffer

@@ -205,18 +205,3 @@ def test_the_counts_say_how_each_solve_ran(cuda):
     b.chunk()
     b.chunk()                                           # a's graph ran two calls ago: b declined
     assert replay.graphs.counts() == {"captures": 1, "replays": 2, "declined": 1, "held": 1}
-
-
-def test_the_engine_cache_reports_the_solve_graphs_of_its_engines(tmp_path):
-    """EngineCache.solve_graphs: per loaded engine that has them, its counts; others are left out."""
-    from types import SimpleNamespace
-
-    from c2w.runtime.cache import EngineCache
-    from c2w.runtime.model.weights import load_model
-    from c2w.runtime.engines.solve_graphs import SolveGraphs
-    cache = EngineCache(tmp_path, load_model("random:tiny"))
-    key, other = ShapeKey("cfm", (32, 150, 400), "float16"), ShapeKey("cfm", (1, 50, 300), "float16")
-    graphs = SolveGraphs(lambda *a: None, CPU)
-    graphs.captures, graphs.replays = 1, 5
-    cache._engines = {key: SimpleNamespace(solve_graphs=graphs), other: SimpleNamespace(solve_graphs=None)}
-    assert cache.solve_graphs() == {key.id: {"captures": 1, "replays": 5, "declined": 0, "held": 0}}
