@@ -348,7 +348,7 @@ class StreamServer:
         """EngineCache.solve_graphs of every lane's engines, summed per key."""
         out: dict = {}
         for cache in [self.cache, *self._replicas]:
-            for kid, counts in (cache.solve_graphs() if hasattr(cache, "solve_graphs") else {}).items():
+            for kid, counts in cache.solve_graphs().items():
                 total = out.setdefault(kid, dict.fromkeys(counts, 0))
                 for name, n in counts.items():
                     total[name] += n

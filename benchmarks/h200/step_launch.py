@@ -212,7 +212,7 @@ def main() -> None:
         graphs = served.solve_graphs
         if graphs is not None:
             held = [e.graph for e in graphs._buffers.values() if e.graph is not None]
-            res["solve_graphs"] = {"captures": graphs.captures, "live": graphs.live,
+            res["solve_graphs"] = {**graphs.counts(),
                                    "static_bytes": sum(t.nbytes for c in held for t in c.inputs + c.outputs),
                                    "device_bytes_with_engine": {k: v - before[k] for k, v in device_bytes(dev).items()}}
             print(f"   solve graphs: {res['solve_graphs']}", flush=True)
