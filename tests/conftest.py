@@ -10,6 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+# Triton kernels run on the CPU under Triton's interpreter (tests/runtime/model/test_triton_kernels.py).
+# It is read when a kernel is defined, Triton's own library included, so before anything imports
+# Triton (torch._inductor does).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from c2w.exporter.profile import load_profile
 from c2w.runtime.model.config import TINY
 from c2w.runtime.units import ShapeKey

@@ -74,6 +74,18 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(emb.to(self.mlp[0].weight.dtype))
 
 
+def _triton_kernels(x: torch.Tensor):
+    """runtime.model.triton_kernels where ops on x take them: on CUDA, outside an ONNX export,
+    with Triton installed (a CPU-only torch has none); else None."""
+    if not x.is_cuda or torch.onnx.is_in_onnx_export():
+        return None
+    try:
+        from c2w.runtime.model import triton_kernels
+    except ImportError:
+        return None
+    return triton_kernels
+
+
 class Attention(nn.Module):
     """Self-attention over [chunk | cache] with q/k LayerNorms.
 
@@ -135,7 +147,10 @@ class Attention(nn.Module):
 
     def _chunk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (b, T, dim) -> q (b, h, T, d) and the chunk's new cache frames [k | v] (b, h, T, 2d)."""
-        q, k, v = self.project(x)
+        return self._normed(*self.project(x))
+
+    def _normed(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projection's q, k, v (b, T, h * d) -> q (b, h, T, d) and [k | v] (b, h, T, 2d)."""
         return self.q_norm(self._heads(q)), torch.cat([self.k_norm(self._heads(k)), self._heads(v)], dim=-1)
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
@@ -168,8 +183,18 @@ class Attention(nn.Module):
         where the frames sit changes nothing but rounding; only the trim, which keeps frames by
         their place in upstream's order, needs to know it, and the caller keeps that order
         (runtime.ring.RingCache). Nothing is concatenated or copied: the chunk's frames are the
-        only cache values written (design note 21)."""
-        q, new = self._chunk(x)
+        only cache values written (design note 21).
+
+        On CUDA the q/k norms and the cache write are one Triton kernel
+        (triton_kernels.attention_inputs, same values): Inductor's build of the ops below runs
+        four kernels and a copy of attention's output per block and step (design note 23)."""
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        kernels = _triton_kernels(x)
+        if kernels is not None and kernels.fits(qkv, kv, slots, self.q_norm, self.k_norm):
+            q = kernels.attention_inputs(qkv, self.q_norm.weight, self.q_norm.bias, float(self.q_norm.eps),
+                                         self.k_norm.weight, self.k_norm.bias, float(self.k_norm.eps), kv, slots)
+            return self._attend(q.transpose(1, 2), kv)
+        q, new = self._normed(*parts(qkv, 3, -1))
         kv.index_copy_(2, slots, new)
         return self._attend(q, kv)
 
