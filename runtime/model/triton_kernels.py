@@ -20,7 +20,7 @@ from torch.library import triton_op, wrap_triton
 
 # rows of (sequence, frame) per program of attention_inputs, and its warps; one program per
 # (rows, head)
-_ROWS, _WARPS = 16, 2
+_ROWS, _WARPS = 16, 4
 
 
 @triton.jit
