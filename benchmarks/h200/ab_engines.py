@@ -3,8 +3,8 @@ in alternating rounds, so that what differs between processes (the host, the clo
 allocator put things) does not enter the comparison.
 
 Each build is a cfm_profile.py package (`--phase build --tag TAG`, from whichever tree); all are
-loaded as AOTIBackend serves them (default options) with the weights of the same seeded model and
-solved on the same inputs. Per round and build: the median of `--reps` solves of a steady stream
+loaded as AOTIBackend serves them (default options) with the weights of the same seeded model (in
+the memory layout each build recorded) and solved on the same inputs. Per round and build: the median of `--reps` solves of a steady stream
 (each handed the ring the previous returned; cfm_profile.first_ring). Then per build: the median
 over rounds, its outputs against the first build's (max abs difference), and one solve's GPU
 timeline (step_launch.timeline: busy, idle, largest gaps and the kernels around them).
@@ -31,6 +31,22 @@ from c2w.runtime.units import SPECS, ShapeKey  # noqa: E402
 from c2w.runtime.verify import unit_weights  # noqa: E402
 
 
+def laid_out(weights: dict, extra: dict) -> dict:
+    """`weights` with each tensor in the memory layout the build recorded (`constant_strides`;
+    contiguous where it records none), copied where this tree stores it otherwise, so that builds
+    from trees with another weight layout (the DiT's conv weights, run 25) load beside each other."""
+    strides = extra.get("constant_strides", {})
+    out = {}
+    for name, t in weights.items():
+        want = strides.get(name)
+        if want is None and not t.is_contiguous():
+            t = t.contiguous()
+        elif want is not None and list(t.stride()) != list(want):
+            t = torch.empty_strided(t.shape, want, dtype=t.dtype, device=t.device).copy_(t)
+        out[name] = t
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
@@ -53,7 +69,7 @@ def main() -> None:
     for tag in tags:
         path = Path(f"/tmp/cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}_{tag}.pt2")
         extra = json.loads(path.with_suffix(".build.json").read_text())["extra"]
-        engines[tag] = AOTIBackend().load(artifact_info(path, key, x, extra), weights, dev)
+        engines[tag] = AOTIBackend().load(artifact_info(path, key, x, extra), laid_out(weights, extra), dev)
         rings[tag] = first_ring(x)
 
         def solve(tag=tag):
