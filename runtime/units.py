@@ -358,7 +358,8 @@ SPECS: dict[str, UnitSpec] = {
         # rows with the taps summed shifted (CausalConvBlock._conv; run 17).
         # AOTI 3: the step returns only the chunk's frames of its attention cache (step_att; run 18c).
         # AOTI 4: the step updates its attention caches in place (step_att "in_place"; design note 21).
-        revisions={"aoti": 4, "onnxruntime": 1, "tensorrt": 1}),
+        # AOTI 5: on CUDA the q/k norms and the cache write are one Triton kernel (design note 23).
+        revisions={"aoti": 5, "onnxruntime": 1, "tensorrt": 1}),
     "hift": UnitSpec(
         name="hift", dim_names=("B", "F", "S"),
         output_names=("speech", "source"),

@@ -30,14 +30,6 @@ def tap_major_(conv: nn.Module) -> None:
     conv.weight = nn.Parameter(w.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
 
 
-def taps_outer_(conv: nn.Module) -> None:
-    """Store conv.weight (c_out, c_in, k) in (k, c_out, c_in) memory order, values unchanged, so
-    that `weight.permute(2, 0, 1).reshape(-1, c_in)`, one tap's weights after the other, is a view
-    (CausalConvBlock._conv)."""
-    w = conv.weight
-    conv.weight = nn.Parameter(w.detach().permute(2, 0, 1).contiguous().permute(1, 2, 0), requires_grad=w.requires_grad)
-
-
 def parts(x: torch.Tensor, n: int, dim: int) -> list[torch.Tensor]:
     """`x.chunk(n, dim)` as n slices. The ONNX exporter turns chunk/split into SplitToSequence +
     SequenceAt, which the TensorRT parser rejects; slices export as plain Slice ops."""
@@ -220,8 +212,8 @@ class CausalConvBlock(nn.Module):
     taps' weights side by side; the taps' outputs are then summed, shifted (`_conv`). Same
     function, same parameters.
 
-    The taps' weights one after the other are a view when each conv weight keeps upstream's shape
-    (c_out, c_in, k) but is STORED in (k, c_out, c_in) memory order (`taps_outer_`), so there is
+    The taps' weights side by side are a view when each conv weight keeps upstream's shape
+    (c_out, c_in, k) but is STORED in (c_out, k, c_in) memory order (`tap_major_`), so there is
     no weight copy per call. `load_state_dict`, `.to()` and `.half()` keep that order
     (`assign=True` does not). Eagerly, a weight in another order only costs a copy per call; an
     AOTI package, which binds weights by pointer, records the order it was built for and refuses
@@ -237,15 +229,15 @@ class CausalConvBlock(nn.Module):
             nn.Conv1d(channels, channels, kernel), nn.Identity(),
         )
         for i in (1, 6):
-            taps_outer_(self.block[i])
+            tap_major_(self.block[i])
 
     def _conv(self, conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
         """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out), as one product.
 
-        The product reads every row of h as it is, against the weight viewed as (k * c_out, c_in),
-        so that output feature j * c_out + o is tap j of channel o; output frame t sums tap j at row
+        The product reads every row of h as it is, against the weight viewed as (c_out * k, c_in),
+        so that output feature o * k + j is tap j of channel o; output frame t sums tap j at row
         t + j. The shifted sum is pointwise and fuses into the kernel that reads the convolution's
-        output, which reads each tap's c_out values side by side (design note 23). The product has k - 1 rows more per sequence than the output (+1.3 % at T=150).
+        output. The product has k - 1 rows more per sequence than the output (+1.3 % at T=150).
         One form for every shape, static or dynamic. It replaced two earlier ones, both of which
         made Inductor copy shifted slices of h contiguous before the products (three copies per
         convolution for the per-tap form, evaluating the Mish before the second convolution three
@@ -255,11 +247,11 @@ class CausalConvBlock(nn.Module):
         solve under graphs (11.57 -> 10.32 without), B=1 2.02 -> 1.82 ms."""
         k = conv.kernel_size[0]
         t = h.shape[1] - k + 1
-        w = conv.weight.permute(2, 0, 1)                                        # (k, c_out, c_in), a view
-        taps = F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (k, w.shape[1]))  # (b, T + k - 1, k, c_out)
-        y = taps[:, 0:t, 0] + conv.bias
+        w = conv.weight.permute(0, 2, 1)                                        # (c_out, k, c_in), a view
+        taps = F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (w.shape[0], k))  # (b, T + k - 1, c_out, k)
+        y = taps[:, 0:t, :, 0] + conv.bias
         for j in range(1, k):
-            y = y + taps[:, j:j + t, j]
+            y = y + taps[:, j:j + t, :, j]
         return y
 
     def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
