@@ -2,8 +2,8 @@
 
 Each kernel is a `torch.library.triton_op`, so `torch.export` keeps it as one node and
 AOTInductor compiles it into the package (the runtime loading the package needs no Triton). The
-model uses them on CUDA only (`available`); on the CPU and in ONNX graphs it keeps the PyTorch ops
-they replace. Tests run them on the CPU under Triton's interpreter (TRITON_INTERPRET=1) against
+model uses them on CUDA only (`runtime.model.dit._triton_kernels`); on the CPU and in ONNX graphs
+it keeps the PyTorch ops they replace. Tests run them on the CPU under Triton's interpreter (TRITON_INTERPRET=1) against
 those ops (tests/runtime/model/test_triton_kernels.py).
 
 Two rules learned on the H200 (benchmarks/h200/README.md, runs 9 and 12c): a kernel stores only
