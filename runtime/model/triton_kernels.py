@@ -86,10 +86,17 @@ def attention_inputs(qkv: torch.Tensor, q_weight: torch.Tensor, q_bias: torch.Te
 
 def fits(qkv: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, q_norm: torch.nn.LayerNorm,
          k_norm: torch.nn.LayerNorm) -> bool:
-    """Whether `attention_inputs` takes these tensors: unit inner strides, [q | k | v] of kv's
-    heads and head size (a power of two), int64 slots, one dtype, affine norms."""
+    """Whether `attention_inputs` takes these tensors: [q | k | v] of kv's heads and head size (a
+    power of two) with unit inner strides, as many cache rows as qkv has sequences, one slot per
+    frame in a contiguous int64 vector on the same device, one dtype of float16, bfloat16 or
+    float32, and affine norms over one head. The slots must be distinct and within the cache, as a
+    RingCache's free slots are: the kernel does not check them (index_copy_ would)."""
     heads, head_dim = kv.shape[1], kv.shape[3] // 2
-    return (qkv.stride(2) == 1 and kv.stride(3) == 1 and kv.shape[3] == 2 * head_dim
-            and qkv.shape[2] == 3 * heads * head_dim and head_dim & (head_dim - 1) == 0
-            and slots.dtype == torch.int64 and kv.dtype == qkv.dtype
-            and all(n.weight is not None and n.bias is not None for n in (q_norm, k_norm)))
+    return (qkv.dim() == 3 and kv.dim() == 4 and qkv.stride(2) == 1 and kv.stride(3) == 1
+            and kv.shape[0] == qkv.shape[0] and kv.shape[3] == 2 * head_dim
+            and qkv.shape[2] == 3 * heads * head_dim and head_dim > 0 and head_dim & (head_dim - 1) == 0
+            and slots.dtype == torch.int64 and slots.dim() == 1 and slots.stride(0) == 1
+            and slots.numel() == qkv.shape[1] and slots.device == qkv.device == kv.device
+            and qkv.dtype in (torch.float16, torch.bfloat16, torch.float32) and kv.dtype == qkv.dtype
+            and all(n.weight is not None and n.bias is not None and tuple(n.normalized_shape) == (head_dim,)
+                    for n in (q_norm, k_norm)))
