@@ -15,6 +15,7 @@ def test_kernel_names_fall_in_their_class():
     assert c("triton_poi_fused_gelu_view_20") == "GELU (own kernel)"
     assert c("triton_per_fused_native_layer_norm_view_11").startswith("other Triton")
     assert c("triton_tem_fused__unsafe_view_add_addmm_index_select_mul_native_layer_norm") == "matrix products (Triton templates)"
+    assert c("_attention_inputs_kernel") == kernel_classes.OWN_TRITON      # runtime/model/triton_kernels.py
     assert c("some_new_kernel") == kernel_classes.OTHER
 
 

@@ -38,10 +38,13 @@ VENDOR_CLASSES = (
                               "ToNhwc", "ToNchw")),
     ("matrix products (cuBLAS)", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
 )
+# c2w's own Triton kernels (runtime/model/triton_kernels.py), named for their function
+OWN_TRITON = "c2w's Triton kernels (attention inputs)"
+OWN_KERNELS = ("_attention_inputs_kernel",)
 OTHER = "other named kernels"
 REST = "outside the 40 largest names"
 ROWS = ("matrix products (cuBLAS)", "matrix products (Triton templates)", "convolutions (cuDNN)",
-        "attention (cuDNN / flash)", COPIES, "GELU (own kernel)", OTHER_TRITON, OTHER, REST)
+        "attention (cuDNN / flash)", COPIES, "GELU (own kernel)", OTHER_TRITON, OWN_TRITON, OTHER, REST)
 
 
 def only_moves(name: str) -> bool:
@@ -54,6 +57,8 @@ def only_moves(name: str) -> bool:
 
 
 def classify(name: str) -> str:
+    if name in OWN_KERNELS:
+        return OWN_TRITON
     triton = name.startswith("triton_")
     for cls, keys in TRITON_CLASSES if triton else VENDOR_CLASSES:
         if any(k in name for k in keys):
