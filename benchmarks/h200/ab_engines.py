@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.h200.cfm_profile import artifact_info, first_ring, models  # noqa: E402
+from benchmarks.h200.cfm_profile import artifact_info, built_package, first_ring, models  # noqa: E402
 from benchmarks.h200.step_launch import timeline  # noqa: E402
 from c2w.exporter.bench.engines import timed  # noqa: E402
 from c2w.runtime.engines.aoti import AOTIBackend  # noqa: E402
@@ -67,8 +67,7 @@ def main() -> None:
     tags = a.tags.split(",")
     engines, rings, solves = {}, {}, {}
     for tag in tags:
-        path = Path(f"/tmp/cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}_{tag}.pt2")
-        extra = json.loads(path.with_suffix(".build.json").read_text())["extra"]
+        path, extra = built_package(a.batch, a.T, a.L, a.depth, tag)
         engines[tag] = AOTIBackend().load(artifact_info(path, key, x, extra), laid_out(weights, extra), dev)
         rings[tag] = first_ring(x)
 

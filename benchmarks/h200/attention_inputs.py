@@ -4,46 +4,26 @@ ops it replaces as Inductor builds them, at the served CFM keys' shapes.
 Per shape (fp16; B=1: 2 rows of CFG x T=50 frames, a 350-slot ring; B=32: 64 x 150, 550 slots):
 the reference (q/k LayerNorms, [k | v], index_copy_ into the ring, and q's copy to (b, T, h d)
 that the kernel's layout saves) compiled by torch.compile, and the kernel at each tile of a small
-grid (rows per program x warps). Each form is launched 20 times in one CUDA graph, replayed 20
-times: microseconds per launch, median. Every kernel result is checked against the reference
+grid (rows per program x warps). Each form is launched 20 times in one CUDA graph, replayed 15
+times (fused_tiles.graphed_us; run 25 replayed 20): microseconds per launch, median. Every kernel result is checked against the reference
 (float16: 2e-3). Usage (device): python3 benchmarks/h200/attention_inputs.py --out $OUT
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.h200.fused_tiles import graphed_us  # noqa: E402
 from c2w.runtime.model import triton_kernels  # noqa: E402
 from c2w.runtime.model.dit import Attention  # noqa: E402
 
 SHAPES = {"B=1": (2, 50, 350), "B=32": (64, 150, 550)}
 TILES = [(rows, warps) for rows in (8, 16, 32, 64) for warps in (1, 2, 4)]
-LAUNCHES = 20
-
-
-def per_launch_us(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAUNCHES):
-            fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / LAUNCHES)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -72,7 +52,7 @@ def main() -> None:
         slots = torch.randperm(slots_n, device=dev)[:frames]
         want_kv = kv.clone()
         want_q = compiled(qkv, want_kv, slots)
-        row = {"reference_us": per_launch_us(lambda: compiled(qkv, kv, slots)), "tiles": {}}
+        row = {"reference_us": graphed_us(lambda: compiled(qkv, kv, slots)), "tiles": {}}
         for rows, warps in TILES:
             triton_kernels._ROWS, triton_kernels._WARPS = rows, warps
             got_kv = kv.clone()
@@ -82,7 +62,7 @@ def main() -> None:
                                                         got_kv, slots)
             right = (torch.allclose(got_q.float(), want_q.float(), atol=2e-3, rtol=2e-3)
                      and torch.allclose(got_kv.float(), want_kv.float(), atol=2e-3, rtol=2e-3))
-            us = per_launch_us(lambda: triton_kernels.attention_inputs(
+            us = graphed_us(lambda: triton_kernels.attention_inputs(
                 qkv, attn.q_norm.weight, attn.q_norm.bias, attn.q_norm.eps,
                 attn.k_norm.weight, attn.k_norm.bias, attn.k_norm.eps, kv, slots))
             row["tiles"][f"{rows}x{warps}"] = {"us": us, "right": right}

@@ -9,8 +9,8 @@ Per shape (fp16, 8 heads x 64; B=1: 2 rows of CFG x T=50 queries over 350 cache 
   - kv_interleaved_q_bhtd: the same with q contiguous (b, h, T, d);
   - kv_planes: k and v each a contiguous (b, h, S, d) tensor;
   - kv_bshd: k and v each (b, S, h, d) memory viewed (b, h, S, d).
-Each launched 20 times in one CUDA graph, replayed 20 times: us per call (median) and TFLOP/s
-(4 b h T S d). Outputs checked against kv_interleaved's (float16: 2e-3).
+Each launched 20 times in one CUDA graph, replayed 15 times (fused_tiles.graphed_us; run 25
+replayed 20): us per call (median) and TFLOP/s (4 b h T S d). Outputs checked against kv_interleaved's (float16: 2e-3).
 Usage (device): python3 benchmarks/h200/attention_layouts.py --out $OUT
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.h200.attention_inputs import per_launch_us  # noqa: E402
+from benchmarks.h200.fused_tiles import graphed_us  # noqa: E402
 
 SHAPES = {"B=1": (2, 50, 350), "B=32": (64, 150, 550)}
 HEADS, HEAD_DIM = 8, 64
@@ -62,7 +62,7 @@ def main() -> None:
             row = {}
             for form, (q, k, v) in forms.items():
                 got = F.scaled_dot_product_attention(q, k, v)
-                us = per_launch_us(lambda: F.scaled_dot_product_attention(q, k, v))
+                us = graphed_us(lambda: F.scaled_dot_product_attention(q, k, v))
                 row[form] = {"us": us, "tflops": flop / us / 1e6,
                              "right": bool(torch.allclose(got.float(), want, atol=2e-3, rtol=2e-3)),
                              "out_strides": list(got.stride())}

@@ -207,6 +207,19 @@ def models(depth: int, dev: torch.device) -> tuple[_Model, _Model]:
     return _Model(flow, cfg), flow32
 
 
+def build_name(batch: int, T: int, L: int, depth: int, switches: list[str] = (), tag: str = "") -> str:
+    """The name of a build: its package is /tmp/<name>.pt2, what the build recorded (the manifest
+    extra, its time) /tmp/<name>.build.json."""
+    return "_".join([f"cfm_profile_B{batch}_T{T}_L{L}_d{depth}", *switches, *([tag] if tag else [])])
+
+
+def built_package(batch: int, T: int, L: int, depth: int, tag: str) -> tuple[Path, dict]:
+    """A build without variant switches, as `--phase build --tag TAG` leaves it: its package's path
+    and the manifest extra its build recorded."""
+    path = Path(f"/tmp/{build_name(batch, T, L, depth, tag=tag)}.pt2")
+    return path, json.loads(path.with_suffix(".build.json").read_text())["extra"]
+
+
 def artifact_info(path: Path, key: ShapeKey, x: list, extra: dict) -> ArtifactInfo:
     """The manifest entry of the CFM package at `path`, built for `key` on example inputs `x`."""
     spec = SPECS["cfm"]
@@ -259,7 +272,7 @@ def main() -> None:
     # the variant switches are part of the name: a `--phase time` call must find ITS build
     switches = ([f"{a.attn}-attn"] if ATTENTION[a.attn] else []) + ([f"{a.conv}-conv"] if CONV[a.conv] else []) \
         + ([f"triton{a.triton_rows}"] if a.triton_rows else [])
-    name = "_".join([f"cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}", *switches, *([a.tag] if a.tag else [])])
+    name = build_name(a.batch, a.T, a.L, a.depth, switches, a.tag)
     path = Path(f"/tmp/{name}.pt2")
     built = path.with_suffix(".build.json")
     if a.phase == "time" and built.is_file() and path.is_file():

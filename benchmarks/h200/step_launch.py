@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.h200.cfm_profile import artifact_info, first_ring, models  # noqa: E402
+from benchmarks.h200.cfm_profile import artifact_info, built_package, first_ring, models  # noqa: E402
 from c2w.exporter.bench.engines import timed  # noqa: E402
 from c2w.runtime.engines.aoti import AOTIBackend, AOTIEngine, EulerReplay, bind_constants, load_runner  # noqa: E402
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool  # noqa: E402
@@ -153,8 +153,7 @@ def package(a, dev):
         info = entry_info(Path(a.from_dir), entries[0], model.cfg)
     else:
         key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
-        path = Path(f"/tmp/cfm_profile_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}_{a.tag}.pt2")
-        extra = json.loads(path.with_suffix(".build.json").read_text())["extra"]
+        path, extra = built_package(a.batch, a.T, a.L, a.depth, a.tag)
         x = SPECS["cfm"].example_inputs(model.cfg, key, device=dev)
         info = artifact_info(path, key, x, extra)
     if (info.extra or {}).get("step_att") != "in_place":
