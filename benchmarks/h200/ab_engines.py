@@ -6,7 +6,8 @@ Each build is a cfm_profile.py package (`--phase build --tag TAG`, from whicheve
 loaded as AOTIBackend serves them (default options) with the weights of the same seeded model (in
 the memory layout each build recorded) and solved on the same inputs. Per round and build: the median of `--reps` solves of a steady stream
 (each handed the ring the previous returned; cfm_profile.first_ring). Then per build: the median
-over rounds, its outputs against the first build's (max abs difference), and one solve's GPU
+over rounds, its outputs against the first build's (max abs difference), its mel's SNR against
+the float32 model's on the same inputs (issue #15's fidelity bar: >= 60 dB), and one solve's GPU
 timeline (step_launch.timeline: busy, idle, largest gaps and the kernels around them).
     python3 benchmarks/h200/ab_engines.py --batch 1 --depth 2 --tags fused,ops --out $OUT
 """
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.h200.cfm_profile import artifact_info, built_package, first_ring, models  # noqa: E402
 from benchmarks.h200.step_launch import timeline  # noqa: E402
-from c2w.exporter.bench.engines import timed  # noqa: E402
+from c2w.exporter.bench.engines import snr_db, timed  # noqa: E402
 from c2w.runtime.engines.aoti import AOTIBackend  # noqa: E402
 from c2w.runtime.trim import KEEP_RECENT, CacheTrim  # noqa: E402
 from c2w.runtime.units import SPECS, ShapeKey  # noqa: E402
@@ -59,9 +60,12 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     dev = torch.device("cuda")
-    model, _ = models(a.depth, dev)
+    model, flow32 = models(a.depth, dev)
     key = ShapeKey("cfm", (a.batch, a.T, a.L), "float16")
     x = SPECS["cfm"].example_inputs(model.cfg, key, device=dev)
+    with torch.inference_mode():                    # the fidelity reference, then out of the way
+        mel32 = SPECS["cfm"].build(flow32, key).eval()(*[t.float() for t in x])[0]
+    del flow32
     weights = unit_weights(SPECS["cfm"].build(model, key).eval())
     trim = CacheTrim(a.L - KEEP_RECENT)
     tags = a.tags.split(",")
@@ -87,6 +91,7 @@ def main() -> None:
         for tag in tags:
             res["builds"][tag] = {"median_ms": statistics.median(rounds[tag]), "rounds_ms": rounds[tag],
                                   "mel_max_abs_vs_first": float((first[tag] - first[tags[0]]).abs().max()),
+                                  "mel_snr_db_vs_fp32": snr_db(first[tag], mel32),
                                   "timeline": timeline(solves[tag])}
     name = f"ab_B{a.batch}_T{a.T}_L{a.L}_d{a.depth}_{'_'.join(tags)}.json"
     Path(a.out, name).write_text(json.dumps(res, indent=1))
@@ -94,7 +99,7 @@ def main() -> None:
         t = r["timeline"]
         print(f"B={a.batch} depth={a.depth} {tag}: {r['median_ms']:.3f} ms (rounds {', '.join(f'{v:.2f}' for v in r['rounds_ms'])}); "
               f"{t['kernels']} kernels, busy {t['busy_ms']:.2f} ms, idle {t['idle_ms']:.2f} ms; mel vs {tags[0]} "
-              f"{r['mel_max_abs_vs_first']:.2e}")
+              f"{r['mel_max_abs_vs_first']:.2e}, SNR vs float32 {r['mel_snr_db_vs_fp32']:.1f} dB")
         for g in t["largest_gaps"][:3]:
             print(f"    gap {g['us']} us after {g['after']} before {g['before']}")
 

@@ -7,6 +7,7 @@
 # applied, made afresh in each call, so a product change is measured against the base in the same
 # call. Tag and shape arguments together must differ between variants (they name the build).
 # A variant whose build did not end well within STEP_S is not timed (a time phase would rebuild it).
+# TIME=0 builds only (the packages stay in /tmp for ab_engines.py: ab_candidates.sh).
 # The device tool returns 8 files: the build logs and result JSONs go into $OUT/variants.tar as
 # each is done, so a call cut short keeps what it finished.
 set -u
@@ -55,7 +56,7 @@ done <<< "$VARIANTS"
 wait
 echo "parallel builds: $(( $(date +%s) - t0 )) s"
 i=0
-while IFS='|' read -r tag json args patch; do
+[ "${TIME:-1}" = 0 ] || while IFS='|' read -r tag json args patch; do
   i=$(( i + 1 ))
   if ! grep -q "built in" "$OUT/build_${i}_${tag}.log"; then
     echo "$tag ($args): not built (failed, or past ${STEP_S:-300} s: build_${i}_${tag}.log in variants.tar), not timed"

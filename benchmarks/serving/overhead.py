@@ -3,8 +3,10 @@
 N streams (default 1) of K-token chunks in lockstep: each round submits every stream's next
 chunk at once (`submit_many`) as soon as the last round's PCM is all back, so the server runs
 each round as one batch of N, resident from the third round on (docs/serving.md). The direct
-reference steps the same N streams as one batch with `Runtime.step`, PCM on the host. The
-server's path is cut into phases by wrapping its methods from outside (nothing in runtime/ is
+reference steps the same N streams as one batch with `Runtime.step`, PCM on the host; two parts of
+the server's after-step phase are timed there alone: the PCM's copy to the host, and freeing the
+state the step replaced (the server drops its resident batch's previous state after the step).
+The server's path is cut into phases by wrapping its methods from outside (nothing in runtime/ is
 changed): submit (the caller's checks and queueing), wake (until the chunk lane has picked the
 batch), before step (gather / in-place set-up), step (the driver's call, waited for on the
 device), after step (PCM to the host, bookkeeping), delivery (until the caller has every PCM).
@@ -18,6 +20,7 @@ the medians and writes JSON.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -51,12 +54,21 @@ def main() -> None:
 
     # direct: Runtime.step on the N streams as one batch, PCM on the host, as a caller would
     state = rt.setup(*[torch.stack([x[k] for x in ins]) for k in range(3)])
-    direct = []
+    direct, to_host, release = [], [], []
     for j in range(rounds):
+        previous = copy.copy(state)                    # the server keeps the state a step replaces until after it
         t0 = time.perf_counter()
-        rt.step(state, torch.stack([x[3][j][0] for x in ins])).float().cpu()
+        pcm = rt.step(state, torch.stack([x[3][j][0] for x in ins]))
+        sync()
+        t1 = time.perf_counter()
+        pcm.float().cpu()
+        t2 = time.perf_counter()
+        del previous                                   # the replaced caches freed (on the CPU: pages unmapped)
+        t3 = time.perf_counter()
         if counted(j):
-            direct.append(time.perf_counter() - t0)
+            direct.append(t3 - t0)
+            to_host.append(t2 - t1)
+            release.append(t3 - t2)
     del state                                          # the batch's caches (~17 GB at N=32): not kept beside the server's
 
     # served, with the phases stamped
@@ -113,13 +125,16 @@ def main() -> None:
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     res = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "streams": N,
            "chunk_tokens": args.chunk_tokens, "rounds_counted": len(served), "direct_ms": ms(direct),
+           "direct_pcm_to_host_ms": ms(to_host), "direct_state_release_ms": ms(release),
            "served_ms": ms(served), "phases_ms": {p: ms(v) for p, v in phases.items()},
            "server_calls": stats["calls"], "in_place_calls": stats.get("in_place_calls", 0),
            "solve_graphs": stats.get("solve_graphs", {})}
     res["overhead"] = res["served_ms"] / res["direct_ms"] - 1
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"N={N}, {args.chunk_tokens}-token chunks: direct {res['direct_ms']:.2f} ms, served {res['served_ms']:.2f} ms "
+    print(f"N={N}, {args.chunk_tokens}-token chunks: direct {res['direct_ms']:.2f} ms (PCM to the host "
+          f"{res['direct_pcm_to_host_ms']:.3f} of it; freeing the state the step replaced "
+          f"{res['direct_state_release_ms']:.3f}), served {res['served_ms']:.2f} ms "
           f"({res['overhead'] * 100:+.1f} %); " + ", ".join(f"{p} {v:.3f}" for p, v in res["phases_ms"].items())
           + f"; in-place calls {res['in_place_calls']}; solve graphs {res['solve_graphs']}")
 
