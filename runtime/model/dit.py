@@ -86,44 +86,35 @@ def _triton_kernels(x: torch.Tensor):
     return triton_kernels
 
 
-class Attention(nn.Module):
-    """Self-attention over [chunk | cache] with q/k LayerNorms.
+class PackedQKV(nn.Module):
+    """An attention module whose q, k and v projections, three nn.Linear layers with biases over
+    the same input (the attributes named in QKV), run as ONE matrix product (`project`).
 
-    q, k and v come from ONE matrix product: `to_q`, `to_k` and `to_v` keep upstream's parameter
-    names and shapes, but their weights and biases are views of two packed tensors, the
-    non-persistent buffers `qkv_weight` (3 inner, dim) and `qkv_bias` (3 inner,), which `project`
-    uses. So the state dict, `load_state_dict` and `init_random_` see upstream's three layers,
+    The layers keep upstream's parameter names and shapes, but their weights and biases are views
+    of two packed tensors, the non-persistent buffers `qkv_weight` (3 out, in) and `qkv_bias`
+    (3 out,). So the state dict, `load_state_dict` and `init_random_` see upstream's three layers,
     the values live once, and an AOTI package binds the packed pair. `.to()`, `.half()`,
     `copy.deepcopy` and unpickling copy each tensor on its own; `_apply` and `__setstate__` pack
     them again afterwards. (Replacing the parameters themselves, e.g. `load_state_dict(...,
-    assign=True)`, unties them: call `pack_qkv()` after.) Measured on the H200 depth-2 proxy at B=1: 2.06 ms per solve against
-    2.37 with three products (benchmarks/h200/README.md, run 12c). AOTI packages built before
-    bind the three layers' weights, which still hold the values: they stay valid, and a rebuild
-    gives them the one product.
+    assign=True)`, unties them: call `pack_qkv()` after.) AOTI packages built before a module
+    was packed bind the three layers' weights, which still hold the values: they stay valid, and
+    a rebuild gives them the one product. A subclass creates its layers, then calls `pack_qkv()`.
     """
 
-    def __init__(self, dim: int, heads: int, head_dim: int):
-        super().__init__()
-        self.heads, self.head_dim = heads, head_dim
-        inner = heads * head_dim
-        self.to_q = nn.Linear(dim, inner)
-        self.to_k = nn.Linear(dim, inner)
-        self.to_v = nn.Linear(dim, inner)
-        self.q_norm = nn.LayerNorm(head_dim)
-        self.k_norm = nn.LayerNorm(head_dim)
-        self.proj = nn.Linear(inner, dim)
-        self.register_buffer("qkv_weight", torch.empty(0), persistent=False)
-        self.register_buffer("qkv_bias", torch.empty(0), persistent=False)
-        self.pack_qkv()
+    QKV = ("to_q", "to_k", "to_v")
 
     def pack_qkv(self) -> None:
         """Copy the three layers' weights and biases into one packed pair and make the layers'
         parameters views of it (values unchanged)."""
-        layers = (self.to_q, self.to_k, self.to_v)
+        layers = [getattr(self, name) for name in self.QKV]
         with torch.no_grad():
             weight = torch.cat([layer.weight for layer in layers])
             bias = torch.cat([layer.bias for layer in layers])
-        self.qkv_weight, self.qkv_bias = weight, bias
+        if "qkv_weight" in self._buffers:
+            self.qkv_weight, self.qkv_bias = weight, bias
+        else:
+            self.register_buffer("qkv_weight", weight, persistent=False)
+            self.register_buffer("qkv_bias", bias, persistent=False)
         for layer, w, b in zip(layers, parts(weight, 3, 0), parts(bias, 3, 0)):
             layer.weight = nn.Parameter(w, requires_grad=layer.weight.requires_grad)
             layer.bias = nn.Parameter(b, requires_grad=layer.bias.requires_grad)
@@ -137,13 +128,32 @@ class Attention(nn.Module):
         super().__setstate__(state)
         self.pack_qkv()
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., in) -> q, k, v (..., out) each: one product over the packed weight."""
+        return tuple(parts(F.linear(x, self.qkv_weight, self.qkv_bias), 3, -1))
+
+
+class Attention(PackedQKV):
+    """Self-attention over [chunk | cache] with q/k LayerNorms; q, k and v from one product
+    (PackedQKV). Measured on the H200 depth-2 proxy at B=1: 2.06 ms per solve against 2.37 with
+    three products (benchmarks/h200/README.md, run 12c).
+    """
+
+    def __init__(self, dim: int, heads: int, head_dim: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        inner = heads * head_dim
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(dim, inner)
+        self.to_v = nn.Linear(dim, inner)
+        self.q_norm = nn.LayerNorm(head_dim)
+        self.k_norm = nn.LayerNorm(head_dim)
+        self.proj = nn.Linear(inner, dim)
+        self.pack_qkv()
+
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)   # (b, h, t, d)
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (b, T, dim) -> q, k, v (b, T, h * d) each: one product over the packed weight."""
-        return tuple(parts(F.linear(x, self.qkv_weight, self.qkv_bias), 3, -1))
 
     def _chunk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (b, T, dim) -> q (b, h, T, d) and the chunk's new cache frames [k | v] (b, h, T, 2d)."""

@@ -41,6 +41,7 @@ from torch import nn
 
 from c2w.runtime.errors import C2WUserError, check_shape
 from c2w.runtime.model.config import EncoderConfig
+from c2w.runtime.model.dit import PackedQKV
 
 # espnet's relative positional table covers relative offsets -(MAX_POS-1) .. +(MAX_POS-1); upstream
 # builds it once for 5000 positions and never grows it in the streaming path, so neither do we.
@@ -125,14 +126,17 @@ class _Upsample(nn.Module):
 FUSED_ATTENTION_ROWS = 512
 
 
-class _RelPosSelfAttention(nn.Module):
+class _RelPosSelfAttention(PackedQKV):
     """Transformer-XL style self-attention with espnet relative positions and a key/value cache.
 
     score(i, j) = [(q_i + u) . k_j + (q_i + v) . P(pos_i - pos_j)] / sqrt(d_k), where P is the
     sinusoid table through `linear_pos` (no bias) and u, v are the learned per-head biases.
     The softmax over keys and the product with the values follow; from FUSED_ATTENTION_ROWS rows
-    the content term, the softmax and that product are one fused attention call.
+    the content term, the softmax and that product are one fused attention call. q, k and v come
+    from one matrix product over upstream's three layers (PackedQKV), as in the DiT.
     """
+
+    QKV = ("linear_q", "linear_k", "linear_v")
 
     def __init__(self, width: int, heads: int):
         super().__init__()
@@ -144,6 +148,7 @@ class _RelPosSelfAttention(nn.Module):
         self.linear_pos = nn.Linear(width, width, bias=False)
         self.pos_bias_u = nn.Parameter(torch.zeros(heads, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(heads, self.d_k))
+        self.pack_qkv()
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -155,9 +160,7 @@ class _RelPosSelfAttention(nn.Module):
         rel_pos: (1, T + C + T - 1, D) table rows for relative positions +(C+T-1) .. -(T-1).
         Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
         b, t, d = x.shape
-        q = self._heads(self.linear_q(x))
-        k = self._heads(self.linear_k(x))
-        v = self._heads(self.linear_v(x))
+        q, k, v = (self._heads(y) for y in self.project(x))
         if cache is not None:
             k = torch.cat([cache[..., : self.d_k], k], dim=2)
             v = torch.cat([cache[..., self.d_k:], v], dim=2)

@@ -10,6 +10,7 @@ pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
 
 from c2w.runtime.model.config import FULL, TINY
 from c2w.runtime.model.dit import MLP, Attention, CausalConvBlock, DiT, CFMSolver, euler_schedule
+from c2w.runtime.model.encoder import _RelPosSelfAttention
 from c2w.runtime.model.weights import init_random_
 from c2w.runtime.units import rel_l2
 from tests.oracle import oracle_cfm, oracle_dit
@@ -212,25 +213,33 @@ def test_conv_weights_keep_upstream_shape_and_tap_major_storage():
         assert m.block[1].weight.requires_grad                       # a parameter like the others
 
 
-def test_qkv_is_one_product_over_upstreams_three_weights_stored_once():
+@pytest.mark.parametrize("make, keys", [
+    (lambda: Attention(32, 2, 16), {f"{n}.{p}" for n in ("to_q", "to_k", "to_v", "q_norm", "k_norm", "proj")
+                                    for p in ("weight", "bias")}),
+    (lambda: _RelPosSelfAttention(32, 2), {"linear_q.weight", "linear_q.bias", "linear_k.weight", "linear_k.bias",
+                                           "linear_v.weight", "linear_v.bias", "linear_out.weight", "linear_out.bias",
+                                           "linear_pos.weight", "pos_bias_u", "pos_bias_v"}),
+], ids=["dit", "encoder"])
+def test_qkv_is_one_product_over_upstreams_three_weights_stored_once(make, keys):
+    """The DiT's and the flow encoder's attention (PackedQKV)."""
     import copy
     import pickle
-    attn = Attention(32, 2, 16)
+    attn = make()
+    names = attn.QKV
     g = torch.Generator().manual_seed(1)
     sd = {k: torch.randn(v.shape, generator=g) for k, v in attn.state_dict().items()}
-    assert set(sd) == {f"{n}.{p}" for n in ("to_q", "to_k", "to_v", "q_norm", "k_norm", "proj")
-                       for p in ("weight", "bias")}                 # upstream's keys, no packed one
+    assert set(sd) == keys                                          # upstream's keys, no packed one
     x = torch.randn(2, 5, 32, generator=g)
 
     def check(m):
         """The layers are views of the packed pair, and `project` computes upstream's three."""
-        for name in ("to_q", "to_k", "to_v"):
+        for name in names:
             layer = getattr(m, name)
             assert layer.weight.untyped_storage().data_ptr() == m.qkv_weight.untyped_storage().data_ptr()
             assert layer.bias.untyped_storage().data_ptr() == m.qkv_bias.untyped_storage().data_ptr()
             assert layer.weight.is_contiguous() and layer.weight.requires_grad
         dt = m.qkv_weight.dtype
-        for got, name in zip(m.project(x.to(dt)), ("to_q", "to_k", "to_v")):
+        for got, name in zip(m.project(x.to(dt)), names):
             want = F.linear(x.double(), sd[f"{name}.weight"].double(), sd[f"{name}.bias"].double())
             assert rel_l2(got.double(), want) <= (1e-6 if dt != torch.float16 else 2e-3)
 
@@ -242,7 +251,7 @@ def test_qkv_is_one_product_over_upstreams_three_weights_stored_once():
         check(attn)
     init_random_(attn, 3)                                           # so does the random init
     with torch.no_grad():
-        assert torch.equal(attn.qkv_weight[:32], attn.to_q.weight)
+        assert torch.equal(attn.qkv_weight[:32], getattr(attn, names[0]).weight)
 
 
 def test_weight_bytes_count_the_packed_qkv_once():

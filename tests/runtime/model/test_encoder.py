@@ -75,6 +75,23 @@ def test_state_dict_keys_equal_upstream(tiny):
     assert "pos_table" not in ours.state_dict()
 
 
+def test_q_k_v_are_one_product_and_their_weights_count_once():
+    """Every block's q/k/v layers are views of its packed pair (runtime.model.dit.PackedQKV, tested
+    there), and the planner counts that memory once."""
+    from c2w.exporter.plan import weight_bytes
+    from c2w.runtime.model.weights import load_model
+    model = load_model("random:tiny")
+    cfg = model.cfg.encoder
+    attns = [m for m in model.flow.encoder.modules() if hasattr(m, "qkv_weight")]
+    assert len(attns) == cfg.blocks + cfg.up_blocks
+    assert all(a.linear_k.weight.untyped_storage().data_ptr() == a.qkv_weight.untyped_storage().data_ptr()
+               for a in attns)
+    tensors = {id(t): t for m in model.component_modules()["flow_encoder"]
+               for name, t in list(m.named_parameters()) + list(m.named_buffers())
+               if not any(f"linear_{c}." in name for c in "qkv")}
+    assert weight_bytes(model)["flow_encoder"] == sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 # B=24: every block of a steady chunk has >= FUSED_ATTENTION_ROWS rows (24 x 25 at 25 Hz), the fused form
 @pytest.mark.parametrize("batch", [1, 24])
 def test_streaming_matches_oracle(tiny, batch):
@@ -228,6 +245,9 @@ def test_torch_export_matches_eager(tiny, last):
     ep = torch.export.export(step, args, strict=False)
     sig = ep.graph_signature
     assert not sig.buffers_to_mutate and not sig.user_inputs_to_mutate
+    # per block q/k/v (one product), out, pos, and the feed-forward's two; embed and up_embed one each
+    linears = sum(n.target is torch.ops.aten.linear.default for n in ep.graph.nodes)
+    assert linears == 5 * (TINY.encoder.blocks + TINY.encoder.up_blocks) + 2
     with torch.no_grad():
         got, ref = ep.module()(*args), step(*args)
     assert got[0].shape == (1, ours.output_frames(28, last), TINY.encoder.width)
