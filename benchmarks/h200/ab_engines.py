@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.h200.cfm_profile import artifact_info, built_package, first_ring, models  # noqa: E402
+from benchmarks.h200.cfm_profile import add_shape_arguments, artifact_info, built_package, first_ring, models  # noqa: E402
 from benchmarks.h200.step_launch import timeline  # noqa: E402
 from c2w.exporter.bench.engines import snr_db, timed  # noqa: E402
 from c2w.runtime.engines.aoti import AOTIBackend  # noqa: E402
@@ -50,10 +50,7 @@ def laid_out(weights: dict, extra: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--T", type=int, default=50)
-    ap.add_argument("--L", type=int, default=300)
-    ap.add_argument("--depth", type=int, default=2)
+    add_shape_arguments(ap)
     ap.add_argument("--tags", required=True, help="comma-separated cfm_profile.py tags, the first the reference")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--reps", type=int, default=10)

@@ -158,7 +158,7 @@ def served_forms(info, weights, x, dev, reps: int) -> dict:
     tensor, as every AOTI step form can be handed the cache. Kernel tables of one solve of each,
     profiled after every capture: a graph captured after torch.profiler had run segfaulted in its
     replay (run 23)."""
-    T, L = x[0].shape[2], x[5].shape[-2]
+    L = x[5].shape[-2]
     trim = CacheTrim(L - KEEP_RECENT)
     served = AOTIBackend().load(info, weights, dev)
     out = {"graphed": isinstance(served._fn.step, CapturedCall), "solve_graphs": served.solve_graphs is not None,
@@ -227,12 +227,17 @@ def artifact_info(path: Path, key: ShapeKey, x: list, extra: dict) -> ArtifactIn
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_shape_arguments(ap: argparse.ArgumentParser) -> None:
+    """--batch, --T, --L, --depth: the key and model depth a build is named by (build_name)."""
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--T", type=int, default=50)
     ap.add_argument("--L", type=int, default=300)
     ap.add_argument("--depth", type=int, default=2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_shape_arguments(ap)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tag", default="", help="variant name for the output file")
     ap.add_argument("--attn", choices=tuple(ATTENTION), default="current",
