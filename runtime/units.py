@@ -359,7 +359,10 @@ SPECS: dict[str, UnitSpec] = {
         # AOTI 3: the step returns only the chunk's frames of its attention cache (step_att; run 18c).
         # AOTI 4: the step updates its attention caches in place (step_att "in_place"; design note 21).
         # AOTI 5: on CUDA the q/k norms and the cache write are one Triton kernel (design note 23).
-        revisions={"aoti": 5, "onnxruntime": 1, "tensorrt": 1}),
+        # AOTI 6: on CUDA the conv block after each product is one Triton kernel (conv_norm_mish,
+        # conv_residual_norm), and the DiT's conv weights are stored taps-outer (taps_outer_).
+        # AOTI 7: on CUDA in float16, attention is a Triton kernel (design note 24).
+        revisions={"aoti": 7, "onnxruntime": 1, "tensorrt": 1}),
     "hift": UnitSpec(
         name="hift", dim_names=("B", "F", "S"),
         output_names=("speech", "source"),

@@ -10,12 +10,13 @@ RESULTS = Path(__file__).parents[1] / "benchmarks" / "h200" / "results"
 def test_kernel_names_fall_in_their_class():
     c = kernel_classes.classify
     assert c("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_gelubias_TNT") == "matrix products (cuBLAS)"
-    assert c("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == "attention (cuDNN / flash)"
+    assert c("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == kernel_classes.ATTENTION
     assert c("triton_poi_fused_stack_32") == c("Memcpy DtoD (Device -> Device)") == "cache stack, copies, memsets"
     assert c("triton_poi_fused_gelu_view_20") == "GELU (own kernel)"
     assert c("triton_per_fused_native_layer_norm_view_11").startswith("other Triton")
     assert c("triton_tem_fused__unsafe_view_add_addmm_index_select_mul_native_layer_norm") == "matrix products (Triton templates)"
     assert c("_attention_inputs_kernel") == kernel_classes.OWN_TRITON      # runtime/model/triton_kernels.py
+    assert c("_attention_kernel") == kernel_classes.ATTENTION
     assert c("some_new_kernel") == kernel_classes.OTHER
 
 

@@ -30,21 +30,24 @@ TRITON_CLASSES = (
 # that fused a cast (`_to_copy`) into arithmetic (HiFT's Snake): tables up to run 18 count so.
 MOVES = ("_to_copy", "_unsafe_view", "clone", "stack", "cat", "copy", "view", "unsqueeze", "squeeze", "slice",
          "select", "expand", "permute", "transpose", "constant_pad_nd", "narrow", "split", "fill", "zeros")
+ATTENTION = "attention (cuDNN / flash / c2w's)"
 VENDOR_CLASSES = (
-    ("attention (cuDNN / flash)", ("sdpa", "flash", "fmha")),
+    (ATTENTION, ("sdpa", "flash", "fmha")),
     (COPIES, ("Memcpy", "Memset", "elementwise_kernel", "copy")),
     # cuDNN's convolutions (implicit GEMMs, its CUTLASS fprop kernels) and the layout changes it makes
     ("convolutions (cuDNN)", ("convolve", "conv1d", "conv2d", "depthwise", "implicit_gemm", "fprop", "winograd",
                               "ToNhwc", "ToNchw")),
     ("matrix products (cuBLAS)", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
 )
-# c2w's own Triton kernels (runtime/model/triton_kernels.py), named for their function
-OWN_TRITON = "c2w's Triton kernels (attention inputs)"
-OWN_KERNELS = ("_attention_inputs_kernel",)
+# c2w's own Triton kernels (runtime/model/triton_kernels.py), named for their function; its
+# attention kernel counts with the attention it replaces
+OWN_TRITON = "c2w's Triton kernels (attention inputs, conv block)"
+OWN_KERNELS = {"_attention_inputs_kernel": OWN_TRITON, "_conv_norm_mish_kernel": OWN_TRITON,
+               "_conv_residual_norm_kernel": OWN_TRITON, "_attention_kernel": ATTENTION}
 OTHER = "other named kernels"
 REST = "outside the 40 largest names"
 ROWS = ("matrix products (cuBLAS)", "matrix products (Triton templates)", "convolutions (cuDNN)",
-        "attention (cuDNN / flash)", COPIES, "GELU (own kernel)", OTHER_TRITON, OWN_TRITON, OTHER, REST)
+        ATTENTION, COPIES, "GELU (own kernel)", OTHER_TRITON, OWN_TRITON, OTHER, REST)
 
 
 def only_moves(name: str) -> bool:
@@ -58,7 +61,7 @@ def only_moves(name: str) -> bool:
 
 def classify(name: str) -> str:
     if name in OWN_KERNELS:
-        return OWN_TRITON
+        return OWN_KERNELS[name]
     triton = name.startswith("triton_")
     for cls, keys in TRITON_CLASSES if triton else VENDOR_CLASSES:
         if any(k in name for k in keys):

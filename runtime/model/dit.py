@@ -30,6 +30,14 @@ def tap_major_(conv: nn.Module) -> None:
     conv.weight = nn.Parameter(w.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1), requires_grad=w.requires_grad)
 
 
+def taps_outer_(conv: nn.Module) -> None:
+    """Store conv.weight (c_out, c_in, k) in (k, c_out, c_in) memory order, values unchanged, so
+    that `weight.permute(2, 0, 1).reshape(-1, c_in)`, one tap's weights after the other, is a view
+    (CausalConvBlock._conv)."""
+    w = conv.weight
+    conv.weight = nn.Parameter(w.detach().permute(2, 0, 1).contiguous().permute(1, 2, 0), requires_grad=w.requires_grad)
+
+
 def parts(x: torch.Tensor, n: int, dim: int) -> list[torch.Tensor]:
     """`x.chunk(n, dim)` as n slices. The ONNX exporter turns chunk/split into SplitToSequence +
     SequenceAt, which the TensorRT parser rejects; slices export as plain Slice ops."""
@@ -197,12 +205,16 @@ class Attention(PackedQKV):
 
         On CUDA the q/k norms and the cache write are one Triton kernel
         (triton_kernels.attention_inputs, same values): Inductor's build of the ops below runs
-        four kernels and a copy of attention's output per block and step (design note 23)."""
+        four kernels and a copy of attention's output per block and step (design note 23). In
+        float16, attention itself is a Triton kernel too (triton_kernels.attention, the same
+        function up to rounding), reading q and the cache where they lie."""
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         kernels = _triton_kernels(x)
         if kernels is not None and kernels.fits(qkv, kv, slots, self.q_norm, self.k_norm):
             q = kernels.attention_inputs(qkv, self.q_norm.weight, self.q_norm.bias, float(self.q_norm.eps),
                                          self.k_norm.weight, self.k_norm.bias, float(self.k_norm.eps), kv, slots)
+            if kernels.attention_fits(q, kv):
+                return self.proj(kernels.attention(q, kv).flatten(2))
             return self._attend(q.transpose(1, 2), kv)
         q, new = self._normed(*parts(qkv, 3, -1))
         kv.index_copy_(2, slots, new)
@@ -222,8 +234,8 @@ class CausalConvBlock(nn.Module):
     taps' weights side by side; the taps' outputs are then summed, shifted (`_conv`). Same
     function, same parameters.
 
-    The taps' weights side by side are a view when each conv weight keeps upstream's shape
-    (c_out, c_in, k) but is STORED in (c_out, k, c_in) memory order (`tap_major_`), so there is
+    The taps' weights one after the other are a view when each conv weight keeps upstream's shape
+    (c_out, c_in, k) but is STORED in (k, c_out, c_in) memory order (`taps_outer_`), so there is
     no weight copy per call. `load_state_dict`, `.to()` and `.half()` keep that order
     (`assign=True` does not). Eagerly, a weight in another order only costs a copy per call; an
     AOTI package, which binds weights by pointer, records the order it was built for and refuses
@@ -239,15 +251,16 @@ class CausalConvBlock(nn.Module):
             nn.Conv1d(channels, channels, kernel), nn.Identity(),
         )
         for i in (1, 6):
-            tap_major_(self.block[i])
+            taps_outer_(self.block[i])
 
     def _conv(self, conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
         """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out), as one product.
 
-        The product reads every row of h as it is, against the weight viewed as (c_out * k, c_in),
-        so that output feature o * k + j is tap j of channel o; output frame t sums tap j at row
+        The product reads every row of h as it is, against the weight viewed as (k * c_out, c_in),
+        so that output feature j * c_out + o is tap j of channel o; output frame t sums tap j at row
         t + j. The shifted sum is pointwise and fuses into the kernel that reads the convolution's
-        output. The product has k - 1 rows more per sequence than the output (+1.3 % at T=150).
+        output, which reads each tap's c_out values side by side (design note 25). The product has
+        k - 1 rows more per sequence than the output (+1.3 % at T=150).
         One form for every shape, static or dynamic. It replaced two earlier ones, both of which
         made Inductor copy shifted slices of h contiguous before the products (three copies per
         convolution for the per-tap form, evaluating the Mish before the second convolution three
@@ -257,12 +270,30 @@ class CausalConvBlock(nn.Module):
         solve under graphs (11.57 -> 10.32 without), B=1 2.02 -> 1.82 ms."""
         k = conv.kernel_size[0]
         t = h.shape[1] - k + 1
-        w = conv.weight.permute(0, 2, 1)                                        # (c_out, k, c_in), a view
-        taps = F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (w.shape[0], k))  # (b, T + k - 1, c_out, k)
-        y = taps[:, 0:t, :, 0] + conv.bias
+        taps = self._taps(conv, h)
+        y = taps[:, 0:t, 0] + conv.bias
         for j in range(1, k):
-            y = y + taps[:, j:j + t, :, j]
+            y = y + taps[:, j:j + t, j]
         return y
+
+    @staticmethod
+    def _taps(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+        """The product of `_conv`: h (b, T + k - 1, c_in) -> (b, T + k - 1, k, c_out), tap j of
+        channel o at [..., j, o] (the product's output as it is: each tap's c_out values side by side)."""
+        k = conv.kernel_size[0]
+        w = conv.weight.permute(2, 0, 1)                                        # (k, c_out, c_in), a view
+        return F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (k, w.shape[1]))
+
+    def second_taps(self, kernels, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` up to its second convolution's product, with c2w's Triton kernel after the
+        first (triton_kernels.conv_norm_mish) -> that product's taps (`_taps`), the new cache."""
+        c1, c2 = parts(cnn_cache, 2, 1)
+        h = torch.cat([c1.transpose(1, 2), x], dim=1)
+        new1 = h[:, -self.context:]
+        conv, norm = self.block[1], self.block[3]
+        h = kernels.conv_norm_mish(self._taps(conv, h), conv.bias, norm.weight, norm.bias, float(norm.eps), c2)
+        new2 = h[:, -self.context:]
+        return self._taps(self.block[6], h), torch.cat([new1, new2], dim=2).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, c); cnn_cache: (b, 2c, 2) -> y (b, T, c), new cache (b, 2c, 2)."""
@@ -324,9 +355,19 @@ class DiTBlock(nn.Module):
         else:
             a, new_att = self.attn.forward_in_place(h, att_cache, att_slots), att_cache
         x = x + gate_msa * a
-        c, new_cnn = self.conv(modulate(self.norm3(x), shift_conv, scale_conv), cnn_cache)
-        x = x + gate_conv * c
-        x = x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        # c2w's Triton kernels serve the in-place step (AOTI's); the other forms keep the ops
+        kernels = _triton_kernels(x) if att_slots is not None else None
+        conv_in = modulate(self.norm3(x), shift_conv, scale_conv)
+        if kernels is not None and kernels.conv_fits(conv_in, mod, cnn_cache, self.conv, self.norm2):
+            taps, new_cnn = self.conv.second_taps(kernels, conv_in, cnn_cache)
+            d = x.shape[-1]
+            x, h = kernels.conv_residual_norm(taps, self.conv.block[6].bias, x, mod, 8 * d, 3 * d, 4 * d,
+                                              float(self.norm2.eps))
+        else:
+            c, new_cnn = self.conv(conv_in, cnn_cache)
+            x = x + gate_conv * c
+            h = modulate(self.norm2(x), shift_mlp, scale_mlp)
+        x = x + gate_mlp * self.mlp(h)
         return x, new_cnn, new_att
 
 

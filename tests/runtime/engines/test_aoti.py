@@ -170,16 +170,19 @@ def test_releasing_an_engine_retires_its_pool(monkeypatch):
 def test_weights_in_another_layout_than_the_build_are_refused():
     """AOTI binds shared weights by pointer: a weight whose strides differ from the build's would
     be read in the wrong order, so loading refuses it (a package built before the DiT's conv
-    weights were stored tap-major must not bind the tap-major tensors, nor the reverse)."""
+    weights were stored taps-outer must not bind the taps-outer tensors, nor the reverse; nor a
+    package built for the tap-major order of AOTI revisions 2-4)."""
     from c2w.runtime.engines.aoti import check_layout
     from c2w.runtime.model.dit import CausalConvBlock
     from c2w.runtime.verify import weights_layout
     blk = CausalConvBlock(8)
     built = weights_layout(blk)
-    assert sorted(built) == ["block.1.weight", "block.6.weight"] and built["block.1.weight"] == [24, 1, 8]
+    assert sorted(built) == ["block.1.weight", "block.6.weight"] and built["block.1.weight"] == [8, 1, 64]
     table = dict(blk.state_dict())
     check_layout(table, built)                                      # as built: fine
-    with pytest.raises(RuntimeError, match=r"block\.1\.weight: strides \(24, 1, 8\), built for contiguous"):
+    with pytest.raises(RuntimeError, match=r"block\.1\.weight: strides \(8, 1, 64\), built for contiguous"):
         check_layout(table, {})                                     # a package built before tap-major
-    with pytest.raises(RuntimeError, match=r"block\.6\.weight: strides \(24, 3, 1\), built for \(24, 1, 8\)"):
+    with pytest.raises(RuntimeError, match=r"block\.1\.weight: strides \(8, 1, 64\), built for \(24, 1, 8\)"):
+        check_layout(table, {"block.1.weight": [24, 1, 8], "block.6.weight": [24, 1, 8]})   # built tap-major
+    with pytest.raises(RuntimeError, match=r"block\.6\.weight: strides \(24, 3, 1\), built for \(8, 1, 64\)"):
         check_layout({**table, "block.6.weight": table["block.6.weight"].contiguous()}, built)

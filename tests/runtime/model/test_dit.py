@@ -198,7 +198,7 @@ def test_fp16_causal_conv_block_stays_within_rounding_of_float64():
     assert rel_l2(got, want) <= 1e-3
 
 
-def test_conv_weights_keep_upstream_shape_and_tap_major_storage():
+def test_conv_weights_keep_upstream_shape_and_taps_outer_storage():
     blk = CausalConvBlock(16)
     sd = {k: v.contiguous().clone() for k, v in blk.state_dict().items()}
     assert tuple(sd["block.1.weight"].shape) == (16, 16, 3)          # upstream's Conv1d shape
@@ -208,7 +208,7 @@ def test_conv_weights_keep_upstream_shape_and_tap_major_storage():
         m = convert(fresh)
         for i in (1, 6):
             w = m.block[i].weight
-            assert w.permute(0, 2, 1).is_contiguous()                 # the products read views
+            assert w.permute(2, 0, 1).is_contiguous()                 # the products read views
             assert torch.equal(w, sd[f"block.{i}.weight"].to(w.dtype))
         assert m.block[1].weight.requires_grad                       # a parameter like the others
 
@@ -270,7 +270,7 @@ def test_weight_bytes_count_the_packed_qkv_once():
 def test_each_conv_is_one_product_reading_the_weight_in_place_for_static_and_dynamic_shapes():
     """One product per convolution whatever the shape (2 per block), in a static export and in one
     with dynamic batch and time (the TensorRT graph), which stays right at other sizes; the taps'
-    weights side by side are a view of the stored weight (an AOTI package binds it as it is)."""
+    weights one after the other are a view of the stored weight (an AOTI package binds it as it is)."""
     blk = CausalConvBlock(16).eval()
     x, cache = torch.randn(16, 40, 16), torch.randn(16, 32, 2)
 
@@ -288,7 +288,7 @@ def test_each_conv_is_one_product_reading_the_weight_in_place_for_static_and_dyn
             got = dynamic.module()(x[:b, :t], cache[:b])
             assert all(rel_l2(g, w) <= 1e-6 for g, w in zip(got, want))     # the output and the new cache
     for i in (1, 6):
-        w = blk.block[i].weight.permute(0, 2, 1)
+        w = blk.block[i].weight.permute(2, 0, 1)
         assert w.reshape(-1, w.shape[2]).data_ptr() == blk.block[i].weight.data_ptr() and w.is_contiguous()
 
 

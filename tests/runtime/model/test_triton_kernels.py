@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton")
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":   # tests/conftest.py sets it
@@ -18,7 +19,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1": 
 
 from c2w.runtime.model import dit, triton_kernels  # noqa: E402
 from c2w.runtime.model.config import TINY  # noqa: E402
-from c2w.runtime.model.dit import Attention, CFMSolver, DiT  # noqa: E402
+from c2w.runtime.model.dit import Attention, CausalConvBlock, CFMSolver, DiT, modulate, parts  # noqa: E402
 from c2w.runtime.model.weights import init_random_  # noqa: E402
 from c2w.runtime.units import rel_l2  # noqa: E402
 
@@ -141,11 +142,17 @@ def test_in_place_euler_step_with_the_kernel_matches_the_ops(monkeypatch, dtype)
         return x_next, cnn_next, bufs
 
     calls = []
-    counting = type("Kernels", (), {"fits": staticmethod(triton_kernels.fits),
-                                    "attention_inputs": staticmethod(lambda *a: calls.append(1)
-                                                                     or triton_kernels.attention_inputs(*a))})
+
+    def counted(name):
+        return staticmethod(lambda *a: calls.append(name) or getattr(triton_kernels, name)(*a))
+    names = ("attention_inputs", "attention", "conv_norm_mish", "conv_residual_norm")
+    counting = type("Kernels", (), {**{f: staticmethod(getattr(triton_kernels, f))
+                                       for f in ("fits", "attention_fits", "conv_fits")},
+                                    **{n: counted(n) for n in names}})
     fused, ops = run(counting), run(None)
-    assert len(calls) == cfg.depth                                           # every block took the kernel
+    for name in names:                                                       # every block took each kernel
+        takes = dtype == torch.float16 or name != "attention"                # (attention: float16 only)
+        assert calls.count(name) == (cfg.depth if takes else 0), name
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     assert rel_l2(fused[0], ops[0]) < tol
     torch.testing.assert_close(fused[1], ops[1], atol=tol, rtol=tol)
@@ -157,3 +164,162 @@ def test_the_model_takes_the_kernel_on_cuda_only():
     assert dit._triton_kernels(torch.zeros(1)) is None
     if torch.cuda.is_available():
         assert dit._triton_kernels(torch.zeros(1, device="cuda")) is triton_kernels
+
+
+def _conv_block(c=32, dtype=torch.float32, seed=4):
+    torch.manual_seed(seed)
+    blk = CausalConvBlock(c)
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.uniform_(-0.3, 0.3)
+        blk.block[3].weight.uniform_(0.5, 1.5)
+    return blk.to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b, frames", [(1, 3), (3, 10)])
+def test_conv_kernels_match_the_conv_block_and_the_norm_after_it(dtype, b, frames):
+    """conv_norm_mish and conv_residual_norm (the block's second half) against CausalConvBlock's
+    and DiTBlock's ops in float32 on the same products' outputs (taps), rounded once to the dtype
+    (the kernels compute in float32 too, where the ops in float16 round after each op): the
+    second conv's input rows with the cache's frames first, the new residual stream and the MLP's
+    modulated input. The whole chain through the model's ops is the Euler step test above."""
+    c = 32
+    blk = _conv_block(c, dtype)
+    norm2 = torch.nn.LayerNorm(c, elementwise_affine=False, eps=1e-6)
+    torch.manual_seed(5)
+    x_in = torch.randn(b, frames, c).to(DEVICE, dtype)
+    x = torch.randn(b, frames, c).to(DEVICE, dtype)
+    cache = torch.randn(b, 2 * c, 2).to(DEVICE, dtype)
+    mod = (torch.randn(1, 1, 9 * c) * 0.5).to(DEVICE, dtype)
+    _, _, _, shift_mlp, scale_mlp, _, _, _, gate_conv = (v.float() for v in parts(mod, 9, -1))
+    ln = blk.block[3]
+    f32 = {k: v.float() for k, v in blk.state_dict().items()}
+
+    def tap_sum(taps, bias):                        # float32, (b, T, c)
+        t = taps.shape[1] - taps.shape[2] + 1
+        return sum(taps[:, j:j + t, j].float() for j in range(taps.shape[2])) + bias
+
+    c1, c2 = parts(cache, 2, 1)
+    h1 = torch.cat([c1.transpose(1, 2), x_in], dim=1)
+    taps1 = blk._taps(blk.block[1], h1)
+    y = F.layer_norm(tap_sum(taps1, f32["block.1.bias"]), (c,), f32["block.3.weight"], f32["block.3.bias"], ln.eps)
+    mid_ref = torch.cat([c2.transpose(1, 2), F.mish(y).to(dtype)], dim=1)
+    assert triton_kernels.conv_fits(x_in, mod, cache, blk, norm2)
+    mid = triton_kernels.conv_norm_mish(taps1, blk.block[1].bias, ln.weight, ln.bias, ln.eps, c2)
+    torch.testing.assert_close(mid, mid_ref, **TOL[dtype])
+    assert torch.equal(mid[:, :2], c2.transpose(1, 2))                    # the cache's frames as they are
+
+    taps2, new_cache = blk.second_taps(triton_kernels, x_in, cache)
+    _, cache_ref = blk(x_in, cache)
+    assert torch.equal(new_cache[:, :c], cache_ref[:, :c])                 # the first conv's input frames
+    torch.testing.assert_close(new_cache, cache_ref, **TOL[dtype])
+    x_ref = x.float() + gate_conv * tap_sum(taps2, f32["block.6.bias"])
+    h_ref = modulate(F.layer_norm(x_ref, (c,), eps=norm2.eps), shift_mlp, scale_mlp)
+    x_new, h = triton_kernels.conv_residual_norm(taps2, blk.block[6].bias, x, mod, 8 * c, 3 * c, 4 * c, norm2.eps)
+    torch.testing.assert_close(x_new, x_ref.to(dtype), **TOL[dtype])
+    torch.testing.assert_close(h, h_ref.to(dtype), **TOL[dtype])
+
+
+def test_conv_kernels_read_the_taps_in_either_memory_order():
+    """The taps view may come from tap-major conv weights (a channel's taps side by side) or
+    taps-outer ones (a tap's channels side by side): the kernels follow its strides."""
+    c, b, frames = 16, 2, 5
+    blk = _conv_block(c)
+    torch.manual_seed(6)
+    h1 = torch.randn(b, frames + 2, c, device=DEVICE)
+    cache = torch.randn(b, c, 2, device=DEVICE)
+    taps = blk._taps(blk.block[1], h1)
+    outer = taps.contiguous()                                         # each tap's channels side by side
+    major = taps.transpose(2, 3).contiguous().transpose(2, 3)         # each channel's taps side by side
+    assert outer.stride() != major.stride()
+    args = (blk.block[1].bias, blk.block[3].weight, blk.block[3].bias, blk.block[3].eps, cache)
+    torch.testing.assert_close(triton_kernels.conv_norm_mish(outer, *args), triton_kernels.conv_norm_mish(major, *args),
+                               atol=1e-6, rtol=1e-6)
+
+
+def test_conv_fits_only_the_kernels_case():
+    c = 32
+    blk = _conv_block(c)
+    norm2 = torch.nn.LayerNorm(c, elementwise_affine=False, eps=1e-6)
+    x, mod, cache = (torch.randn(2, 5, c, device=DEVICE), torch.randn(1, 1, 9 * c, device=DEVICE),
+                     torch.randn(2, 2 * c, 2, device=DEVICE))
+    assert triton_kernels.conv_fits(x, mod, cache, blk, norm2)
+    assert not triton_kernels.conv_fits(x, torch.randn(2, 1, 9 * c, device=DEVICE), cache, blk, norm2)  # per row
+    assert not triton_kernels.conv_fits(x, mod, cache[:1], blk, norm2)
+    assert not triton_kernels.conv_fits(x.half(), mod, cache, blk, norm2)
+    assert not triton_kernels.conv_fits(x, mod, cache, blk, torch.nn.LayerNorm(c).to(DEVICE))          # affine norm2
+    odd = _conv_block(24)
+    assert not triton_kernels.conv_fits(torch.randn(2, 5, 24, device=DEVICE), torch.randn(1, 1, 9 * 24, device=DEVICE),
+                                        torch.randn(2, 48, 2, device=DEVICE), odd, torch.nn.LayerNorm(24))
+def _sdpa(q, kv):
+    """PyTorch's attention in float32 of q (b, T, h, d) over kv (b, h, S, 2d), laid out as q."""
+    d = q.shape[-1]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(1, 2), kv[..., :d].float(), kv[..., d:].float()).transpose(1, 2)
+
+
+@pytest.mark.parametrize("b, frames, heads, head_dim, s", [
+    (1, 5, 2, 16, 9),             # fewer slots than one step of the kernel's tile
+    (2, 70, 3, 32, 130),          # two query tiles, the last one short; the slots end mid-step
+    (2, 6, 8, 64, 128),           # the model's head size, the slots a whole number of steps
+    (1, 3, 2, 16, 65),            # one slot past a whole number of steps
+])
+def test_attention_matches_pytorchs(b, frames, heads, head_dim, s):
+    """float16 against PyTorch's attention in float32, within TOL (the kernel rounds the
+    probabilities to float16 for their product with v, as the fused kernels do)."""
+    torch.manual_seed(4)
+    q = torch.randn(b, frames, heads, head_dim).to(DEVICE, torch.float16)
+    kv = (torch.randn(b, heads, s, 2 * head_dim) * 1.5).to(DEVICE, torch.float16)
+    assert triton_kernels.attention_fits(q, kv)
+    out = triton_kernels.attention(q, kv)
+    assert out.shape == q.shape and out.is_contiguous() and out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), _sdpa(q, kv), **TOL[torch.float16])
+
+
+def test_attention_takes_the_wide_tile_where_it_fills_the_gpu():
+    """The served keys' shapes (8 heads): B=32's 64 sequences of 150 frames take the wide tile,
+    B=1's 2 sequences of 50 the narrow one; the wide tile from 132 programs on."""
+    assert triton_kernels.attention_tile(150, 64 * 8) is triton_kernels.WIDE_TILE
+    assert triton_kernels.attention_tile(50, 2 * 8) is triton_kernels.NARROW_TILE
+    assert triton_kernels.attention_tile(64, 132) is triton_kernels.WIDE_TILE
+    assert triton_kernels.attention_tile(64, 131) is triton_kernels.NARROW_TILE
+    assert triton_kernels.attention_tile(65, 66) is triton_kernels.WIDE_TILE        # two query tiles each
+
+
+@pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 128), (128, 16), (16, 128), (64, 64)])
+def test_attention_is_right_at_other_tiles(monkeypatch, block_m, block_n):
+    """The tiles benchmarks/h200/attention_kernel.py tries, the narrow and wide ones among them:
+    queries and slots that end mid-tile."""
+    tile = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=3)
+    monkeypatch.setattr(triton_kernels, "attention_tile", lambda frames, pairs: tile)
+    torch.manual_seed(6)
+    q = torch.randn(2, 37, 2, 16).to(DEVICE, torch.float16)
+    kv = torch.randn(2, 2, 45, 32).to(DEVICE, torch.float16)
+    torch.testing.assert_close(triton_kernels.attention(q, kv).float(), _sdpa(q, kv), **TOL[torch.float16])
+
+
+def test_attention_follows_the_strides_of_q_and_of_the_cache_buffer():
+    """q may be every other sequence and frame of a larger one, and the cache a block's buffer inside a
+    larger one with heads and slots interleaved (as in the attention-inputs test)."""
+    torch.manual_seed(5)
+    b, frames, heads, head_dim, s = 2, 7, 2, 16, 11
+    q = torch.randn(2 * b, 2 * frames, heads, head_dim).to(DEVICE, torch.float16)[::2, ::2]   # frames apart too
+    whole = torch.randn(2 * b + 1, s, heads, 2 * head_dim).to(DEVICE, torch.float16).transpose(1, 2)
+    kv = whole[1:2 * b + 1:2]
+    out = triton_kernels.attention(q, kv)
+    torch.testing.assert_close(out.float(), _sdpa(q, kv), **TOL[torch.float16])
+
+
+def test_attention_fits_only_float16_heads_side_by_side():
+    q = torch.randn(2, 3, 2, 16, device=DEVICE, dtype=torch.float16)
+    kv = torch.randn(2, 2, 5, 32, device=DEVICE, dtype=torch.float16)
+    fits = triton_kernels.attention_fits
+    assert fits(q, kv)
+    assert not fits(q.float(), kv.float()) and not fits(q.bfloat16(), kv.bfloat16())
+    assert not fits(q.transpose(1, 2).contiguous().transpose(1, 2), kv)        # (b, h, T, d) memory
+    assert not fits(q, kv[:1]) and not fits(q, kv[:, :1])                      # batch or heads differ
+    assert not fits(q, torch.randn(2, 2, 5, 16, device=DEVICE, dtype=torch.float16))   # another head size
+    assert not fits(torch.randn(2, 3, 2, 8, device=DEVICE, dtype=torch.float16),
+                    torch.randn(2, 2, 5, 16, device=DEVICE, dtype=torch.float16))  # head size 8: below the products'
+    assert not fits(q, kv.transpose(2, 3).contiguous().transpose(2, 3))        # values not side by side
