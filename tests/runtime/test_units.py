@@ -95,7 +95,9 @@ def test_a_stream_solved_in_place_chunk_after_chunk_is_the_eager_stream(model):
     frames, none free; chunk 2: 102 in 120 slots, 18 free); from then on each chunk writes its 40
     frames into the 40 slots the trim freed, in the same buffer (chunk 3). Each chunk's outputs
     and the cache in upstream's order match the eager unit fed its own trimmed caches (CPU, fp32:
-    only the keys' order differs, so only rounding: rtol 1e-5, atol 1e-6)."""
+    only the keys' order in the ring differs, so only rounding: values reach ~8, and the last chunk
+    differs by up to ~2e-6, a few float32 steps at that size, which small values downstream
+    inherit; hence atol 1e-5 beside rtol 1e-5, and rel-L2 <= 1e-6 per tensor)."""
     from c2w.runtime.engines.aoti import EulerReplay
     from c2w.runtime.ring import RingCache
     from c2w.runtime.trim import CacheTrim
@@ -117,7 +119,8 @@ def test_a_stream_solved_in_place_chunk_after_chunk_is_the_eager_stream(model):
             got_att = got[2]
             assert isinstance(got_att, RingCache if chunk else torch.Tensor)
             for a, b in zip(got[:2] + (RingCache.of(got_att).logical(),), want[:2] + (want_att,)):
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+                assert ((a - b).norm() / b.norm()).item() <= 1e-6
             if chunk:
                 buffers.append(got_att.buffer)
     assert want_att.shape[-2] == 102 and got_att.frames == 102
