@@ -247,13 +247,19 @@ def conv_fits(x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, conv_
 # 49.7 us against cuDNN's 62.9), the narrow one at B=1 (2 x 50 frames, 4.8 us against 8.7).
 WIDE_TILE = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
 NARROW_TILE = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=3)
-_SMS = 132                      # the streaming multiprocessors of an H100 or H200
+_SMS = 132                      # the streaming multiprocessors of an H100 or H200: the CPU's stand-in
 
 
-def attention_tile(frames: int, pairs: int) -> dict:
-    """The tile for `frames` queries in each of `pairs` (sequence, head) pairs: the wide tile when
-    its programs give every SM one, else the narrow tile's four times as many programs."""
-    return WIDE_TILE if triton.cdiv(frames, WIDE_TILE["BLOCK_M"]) * pairs >= _SMS else NARROW_TILE
+def attention_tile(frames: int, pairs: int, sms: int = _SMS) -> dict:
+    """The tile for `frames` queries in each of `pairs` (sequence, head) pairs on a GPU of `sms`
+    streaming multiprocessors: the wide tile when its programs give every SM one, else the narrow
+    tile's four times as many programs."""
+    return WIDE_TILE if triton.cdiv(frames, WIDE_TILE["BLOCK_M"]) * pairs >= sms else NARROW_TILE
+
+
+def _multiprocessors(device: torch.device) -> int:
+    """The SMs of the GPU a package is built on (the tile is fixed in it), _SMS off CUDA."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else _SMS
 
 
 @triton.jit
@@ -300,7 +306,7 @@ def attention(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     for their product with v, as the fused SDPA kernels do)."""
     b, frames, heads, head_dim = q.shape
     out = torch.empty((b, frames, heads, head_dim), dtype=q.dtype, device=q.device)
-    tile = attention_tile(frames, b * heads)
+    tile = attention_tile(frames, b * heads, _multiprocessors(q.device))
     grid = (triton.cdiv(frames, tile["BLOCK_M"]), b * heads)
     wrap_triton(_attention_kernel)[grid](
         q, kv, out, frames, q.stride(0), q.stride(1), kv.stride(0), kv.stride(1), kv.stride(2),

@@ -279,12 +279,15 @@ def test_attention_matches_pytorchs(b, frames, heads, head_dim, s):
 
 def test_attention_takes_the_wide_tile_where_it_fills_the_gpu():
     """The served keys' shapes (8 heads): B=32's 64 sequences of 150 frames take the wide tile,
-    B=1's 2 sequences of 50 the narrow one; the wide tile from 132 programs on."""
+    B=1's 2 sequences of 50 the narrow one; the wide tile from one program per SM on (132 on an
+    H100 or H200, the default; another GPU's count where given)."""
     assert triton_kernels.attention_tile(150, 64 * 8) is triton_kernels.WIDE_TILE
     assert triton_kernels.attention_tile(50, 2 * 8) is triton_kernels.NARROW_TILE
     assert triton_kernels.attention_tile(64, 132) is triton_kernels.WIDE_TILE
     assert triton_kernels.attention_tile(64, 131) is triton_kernels.NARROW_TILE
     assert triton_kernels.attention_tile(65, 66) is triton_kernels.WIDE_TILE        # two query tiles each
+    assert triton_kernels.attention_tile(64, 108, sms=108) is triton_kernels.WIDE_TILE   # a GPU of 108 SMs
+    assert triton_kernels.attention_tile(64, 107, sms=108) is triton_kernels.NARROW_TILE
 
 
 @pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 128), (128, 16), (16, 128), (64, 64)])
@@ -292,7 +295,7 @@ def test_attention_is_right_at_other_tiles(monkeypatch, block_m, block_n):
     """The tiles benchmarks/h200/attention_kernel.py tries, the narrow and wide ones among them:
     queries and slots that end mid-tile."""
     tile = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=3)
-    monkeypatch.setattr(triton_kernels, "attention_tile", lambda frames, pairs: tile)
+    monkeypatch.setattr(triton_kernels, "attention_tile", lambda *shape: tile)
     torch.manual_seed(6)
     q = torch.randn(2, 37, 2, 16).to(DEVICE, torch.float16)
     kv = torch.randn(2, 2, 45, 32).to(DEVICE, torch.float16)
