@@ -53,9 +53,8 @@ def main() -> None:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 want = F.scaled_dot_product_attention(q.transpose(1, 2), k, v).transpose(1, 2).float()
                 cudnn = graphed_us(lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k, v))
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count
-            row = {"cudnn_us": cudnn, "cudnn_tflops": flop / cudnn / 1e6, "tiles": [],
-                   "kernel_tile": dict(chosen(t, b * HEADS, sms))}     # the tile the kernel takes here
+            row = {"cudnn_us": cudnn, "cudnn_tflops": flop / cudnn / 1e6, "tiles": [],    # the kernel's own tile:
+                   "kernel_tile": dict(chosen(t, b * HEADS, triton_kernels.multiprocessors(dev)))}
             t0 = time.time()
             for values in itertools.product(QUERY_TILES[name], *GRID.values()):
                 if time.time() - t0 > args.seconds:

@@ -257,7 +257,7 @@ def attention_tile(frames: int, pairs: int, sms: int = _SMS) -> dict:
     return WIDE_TILE if triton.cdiv(frames, WIDE_TILE["BLOCK_M"]) * pairs >= sms else NARROW_TILE
 
 
-def _multiprocessors(device: torch.device) -> int:
+def multiprocessors(device: torch.device) -> int:
     """The SMs of the GPU a package is built on (the tile is fixed in it), _SMS off CUDA."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else _SMS
 
@@ -306,7 +306,7 @@ def attention(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     for their product with v, as the fused SDPA kernels do)."""
     b, frames, heads, head_dim = q.shape
     out = torch.empty((b, frames, heads, head_dim), dtype=q.dtype, device=q.device)
-    tile = attention_tile(frames, b * heads, _multiprocessors(q.device))
+    tile = attention_tile(frames, b * heads, multiprocessors(q.device))
     grid = (triton.cdiv(frames, tile["BLOCK_M"]), b * heads)
     wrap_triton(_attention_kernel)[grid](
         q, kv, out, frames, q.stride(0), q.stride(1), kv.stride(0), kv.stride(1), kv.stride(2),
