@@ -146,16 +146,12 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         inputs = spec.example_inputs(model.cfg, key, seed=7, device=device)
         row = {"id": e.id, "component": key.component, "dims": e.dims, "dtype": e.dtype,
                "build_seconds": e.build_seconds, "device_bytes": e.device_bytes}
-        row["eager"] = timed(lambda: eager.run(key, inputs), device, warmup, reps)
-        want = eager.run(key, inputs)
-        ref32 = None
-        if eager32 is not None and e.dtype != "float32":
-            ref32 = eager32.run(key, [t.float() if t.is_floating_point() else t for t in inputs])[0]
-            row["eager"]["fp32_fidelity"] = fidelity(want[0], ref32)
+        want, ref32 = eager_cells(row, eager, eager32 if e.dtype != "float32" else None, key, inputs,
+                                  device, warmup, reps, artifact_dir)
         info = artifact_info(artifact_dir, e, model.cfg)
         weights = unit_weights(eager.unit(key))
         variants = engine_variants(manifest.backend.name, info, device)
-        if device.type == "cuda":
+        if device.type == "cuda" and want is not None:
             try:
                 g = CapturedCall(lambda *a: eager.run(key, list(a)), info.input_shapes,
                                  [t.dtype for t in inputs], device, GraphPool(device))
@@ -174,7 +170,8 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
                 load_s = time.perf_counter() - t0
                 row[name] = timed(lambda: eng.run(inputs), device, warmup, reps)
                 row[name]["load_and_first_call_s"] = load_s
-                row[name]["max_rel_l2_vs_eager"] = max(rel_l2(g.to(w.device), w) for g, w in zip(got, want))
+                if want is not None:
+                    row[name]["max_rel_l2_vs_eager"] = max(rel_l2(g.to(w.device), w) for g, w in zip(got, want))
                 if ref32 is not None:
                     row[name]["fp32_fidelity"] = fidelity(got[0], ref32)
                 eng.release()
@@ -186,11 +183,12 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         row["served_variant"] = served_variant(policy, info, device)
         served = row.get(row["served_variant"], {}).get("median_ms")
         best = min((row[v]["median_ms"] for v in variants if "median_ms" in row[v]), default=None)
-        row["speedup_vs_eager"] = row["eager"]["median_ms"] / served if served else None
-        row["best_speedup_vs_eager"] = row["eager"]["median_ms"] / best if best else None
+        eager_ms = row["eager"].get("median_ms")
+        row["speedup_vs_eager"] = eager_ms / served if served and eager_ms else None
+        row["best_speedup_vs_eager"] = eager_ms / best if best and eager_ms else None
         res["keys"].append(row)
         save()
-        print(f"  {e.id}: eager {row['eager']['median_ms']:.2f} ms, served engine "
+        print(f"  {e.id}: eager {'failed' if eager_ms is None else f'{eager_ms:.2f} ms'}, served engine "
               f"{served if served is None else round(served, 3)} ms ({row['served_variant']}), best "
               f"{best if best is None else round(best, 3)} ms", flush=True)
     if traffic is not None:
@@ -203,6 +201,46 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         res["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
     save()
     return res
+
+
+def eager_cells(row: dict, eager, eager32, key, inputs, device: torch.device, warmup: int, reps: int,
+                artifact_dir: Path) -> tuple[list | None, torch.Tensor | None]:
+    """Times eager on `inputs` into row["eager"] and returns (its outputs, the float32 model's first
+    output, for reduced precision: `eager32`). A key whose eager run fails, most often for device
+    memory (an 80 GB H100 does not hold the B=32 CFM key's eager solve, which stacks ten steps' caches),
+    keeps its row: row["eager"] says why, and its engine is timed without the comparisons that
+    need eager; the run goes on to the next key."""
+    try:
+        row["eager"] = timed(lambda: eager.run(key, inputs), device, warmup, reps)
+        want = eager.run(key, inputs)
+    except Exception as exc:
+        row["eager"] = {"error": _failure(exc, f"eager {key.id}", key.id, artifact_dir)}
+        _free(device)
+        return None, None
+    if eager32 is None:
+        return want, None
+    try:
+        ref32 = eager32.run(key, [t.float() if t.is_floating_point() else t for t in inputs])[0]
+    except Exception as exc:
+        row["eager"]["fp32_fidelity_error"] = _failure(exc, f"the float32 model's {key.id}", key.id, artifact_dir)
+        _free(device)
+        return want, None
+    row["eager"]["fp32_fidelity"] = fidelity(want[0], ref32)
+    return want, ref32
+
+
+def _failure(exc: Exception, what: str, key_id: str, artifact_dir: Path) -> str:
+    """One line for a failed measurement of `what`; for device memory, what to do about it."""
+    first = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:200]
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return (f"{what} ran out of device memory ({first}); to time it, bench the key on its own "
+                f"(c2w bench {artifact_dir} --keys {key_id}) or on a GPU with more memory")
+    return f"{what} failed: {first}"
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _prompt(model, B: int, P: int, N: int, device):
@@ -424,6 +462,9 @@ def bench_peer(model, device, reps: int) -> dict:
             "flow_chunk": flow}
 
 
+_CELLS = ("eager", "eager_graph", "engine", "engine_graph")      # a key row's timed cells
+
+
 def _cell(x) -> str:
     return "-" if not x or "median_ms" not in x else f"{x['median_ms']:.3f} / {x['p95_ms']:.3f}"
 
@@ -448,8 +489,8 @@ def to_markdown(res: dict) -> str:
              "| fidelity eager | fidelity engine | build s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["keys"]:
-        rel = max((r[v].get("max_rel_l2_vs_eager", 0) for v in ("engine", "engine_graph") if v in r
-                   and "median_ms" in r[v]), default=float("nan"))
+        rel = max((r[v]["max_rel_l2_vs_eager"] for v in ("engine", "engine_graph")
+                   if "max_rel_l2_vs_eager" in r.get(v, {})), default=float("nan"))
         sp = r.get("speedup_vs_eager")
         best = min((r[v] for v in ("engine_graph", "engine") if "median_ms" in r.get(v, {})),
                    key=lambda x: x["median_ms"], default=None)
@@ -459,6 +500,10 @@ def to_markdown(res: dict) -> str:
                      f"{_cell(r.get('engine'))}{mark['engine']} | {_cell(r.get('engine_graph'))}{mark['engine_graph']} | "
                      f"{'-' if sp is None else f'{sp:.1f}x'} | {rel:.1e} | {_fid(r.get('eager'))} | "
                      f"{_fid(best)} | {r['build_seconds']} |")
+    failed = [f"- {r['id']}, {cell}: {r[cell][what]}" for r in res["keys"] for cell in _CELLS
+              for what in ("error", "fp32_fidelity_error") if what in r.get(cell, {})]
+    if failed:
+        lines += ["", "Cells left empty above, and why:"] + failed
     lines += ["", "Streaming chunks (encoder + CFM + HiFT + cache handling), ms median. Served: unit calls "
               "an engine ran / fell back to eager in the engines row.", "",
               "| B | chunk tokens | first: eager / engines ms | served | steady: eager / engines ms | served | "

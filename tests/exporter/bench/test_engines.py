@@ -15,13 +15,23 @@ pytestmark = pytest.mark.slow
 
 KEYS = ["cfm-B1-T50-L150-float32", "hift-B1-F58-S3840-float32"]
 OOM = "RuntimeError: CUDA out of memory (simulated)"
+EAGER_OOM = "CUDA out of memory. Tried to allocate 21.50 GiB (simulated)"
+
+
+class OutOfMemoryEager:
+    """An eager runner whose every call runs out of device memory, as the B=32 CFM key's eager
+    solve does on an 80 GB GPU."""
+    def run(self, key, inputs, trim=None):
+        import torch
+        raise torch.cuda.OutOfMemoryError(EAGER_OOM + "\nmore lines of allocator detail")
 
 
 @pytest.fixture(scope="module")
 def bench_run(ort_artifacts, tmp_path_factory):
     """One library bench run over the session's directory, shared by the tests below: two keys,
     a B=2 streaming row whose measurement raises (a simulated CUDA out-of-memory) and then the
-    B=1 28-token row. Returns (result, what it wrote, (stream rows, key rows) at every save)."""
+    B=1 28-token row; the second key's eager run runs out of device memory (simulated). Returns
+    (result, what it wrote, (stream rows, key rows) at every save)."""
     import logging
 
     import c2w.exporter.bench.engines as bench
@@ -30,6 +40,10 @@ def bench_run(ort_artifacts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "b.json"
     saved, reads, precision_log = [], [], []
     real_write, real_row, real_read = bench.write, bench._stream_row, c2w.runtime.manifest.read_manifest
+    real_cells = bench.eager_cells
+
+    def cells(row, eager, eager32, key, inputs, *rest):
+        return real_cells(row, OutOfMemoryEager() if key.id == KEYS[1] else eager, eager32, key, inputs, *rest)
 
     def counted(out_dir):
         reads.append(out_dir)
@@ -51,6 +65,7 @@ def bench_run(ort_artifacts, tmp_path_factory):
         mp.setattr(bench, "write", lambda res, o: (saved.append((len(res["stream"]), len(res["keys"]))),
                                                    real_write(res, o)))
         mp.setattr(bench, "_stream_row", row)
+        mp.setattr(bench, "eager_cells", cells)
         for module in (c2w.runtime.manifest, c2w.runtime.cache, bench):
             mp.setattr(module, "read_manifest", counted)
         try:
@@ -72,14 +87,14 @@ def test_bench_schema_and_same_function(bench_run):
     assert not list(out.parent.glob("*.tmp"))
     assert {"device", "torch", "backend", "model", "precision", "commit", "keys", "stream"} <= set(res)
     assert [r["id"] for r in res["keys"]] == KEYS
-    for r in res["keys"]:
-        for v in ("eager", "engine"):
-            assert r[v]["reps"] == 2 and r[v]["median_ms"] > 0 and r[v]["p95_ms"] >= r[v]["median_ms"]
-        # the engine timed is the eager function: same outputs on the same inputs
-        assert r["engine"]["max_rel_l2_vs_eager"] <= SPECS[r["component"]].rtol[r["dtype"]]
-        assert r["served_variant"] == "engine"          # ONNX Runtime on CPU: no graphs
-        assert r["speedup_vs_eager"] == r["eager"]["median_ms"] / r["engine"]["median_ms"]
-        assert r["engine"]["load_and_first_call_s"] > 0
+    r = res["keys"][0]
+    for v in ("eager", "engine"):
+        assert r[v]["reps"] == 2 and r[v]["median_ms"] > 0 and r[v]["p95_ms"] >= r[v]["median_ms"]
+    # the engine timed is the eager function: same outputs on the same inputs
+    assert r["engine"]["max_rel_l2_vs_eager"] <= SPECS[r["component"]].rtol[r["dtype"]]
+    assert r["served_variant"] == "engine"          # ONNX Runtime on CPU: no graphs
+    assert r["speedup_vs_eager"] == r["eager"]["median_ms"] / r["engine"]["median_ms"]
+    assert r["engine"]["load_and_first_call_s"] > 0
     rows = [s for s in res["stream"] if "B" in s and "error" not in s]
     assert [(s["B"], s["chunk_tokens"]) for s in rows] == [(1, 28)]
     assert rows[0]["audio_s_per_s_first"] > 0
@@ -107,6 +122,45 @@ def test_a_failing_stream_row_is_reported_and_the_rest_goes_on(bench_run):
     assert rows[1]["B"] == 1 and rows[1]["engines_first"]["median_ms"] > 0
     assert len(res["keys"]) == 2
     assert f"| 2 | 28 | failed: {OOM} |" in to_markdown(res)
+
+
+def test_a_key_whose_eager_runs_out_of_memory_keeps_its_engine_cells_and_says_what_to_do(bench_run, ort_artifacts):
+    res = bench_run[0]
+    r = res["keys"][1]
+    assert r["eager"] == {"error": f"eager {KEYS[1]} ran out of device memory (OutOfMemoryError: {EAGER_OOM}); "
+                                   f"to time it, bench the key on its own (c2w bench {ort_artifacts} --keys "
+                                   f"{KEYS[1]}) or on a GPU with more memory"}
+    # the engine is still timed; what needs eager's outputs or time is left out, not made up
+    assert r["engine"]["reps"] == 2 and r["engine"]["median_ms"] > 0
+    assert "max_rel_l2_vs_eager" not in r["engine"]
+    assert r["speedup_vs_eager"] is None and r["best_speedup_vs_eager"] is None
+    md = to_markdown(res)
+    row = next(line for line in md.splitlines() if line.startswith(f"| {KEYS[1]} |"))
+    assert row.split(" | ")[1] == "-" and row.split(" | ")[5] == "-" and row.split(" | ")[6] == "nan"
+    assert f"- {KEYS[1]}, eager: {r['eager']['error']}" in md.splitlines()
+
+
+def test_eager_cells_keep_eager_when_only_the_float32_reference_runs_out_of_memory():
+    import torch
+
+    from c2w.exporter.bench.engines import eager_cells
+    from c2w.runtime.units import ShapeKey
+
+    class Eager:
+        def run(self, key, inputs, trim=None):
+            return [inputs[0] * 2]
+    key = ShapeKey.named("cfm", "float16", B=32, T=150, L=400)
+    row = {}
+    want, ref32 = eager_cells(row, Eager(), OutOfMemoryEager(), key, [torch.ones(3)], torch.device("cpu"),
+                              0, 1, Path("art"))
+    assert torch.equal(want[0], torch.full((3,), 2.0)) and ref32 is None
+    assert row["eager"]["reps"] == 1 and "fp32_fidelity" not in row["eager"]
+    assert row["eager"]["fp32_fidelity_error"].startswith(
+        f"the float32 model's {key.id} ran out of device memory (OutOfMemoryError: {EAGER_OOM}); ")
+    row = {}
+    assert eager_cells(row, Eager(), Eager(), key, [torch.ones(3)], torch.device("cpu"), 0, 1, Path("art"))[1] \
+        .equal(torch.full((3,), 2.0))
+    assert row["eager"]["fp32_fidelity"]["rel_l2"] == 0.0
 
 
 def _bench_stand_in(monkeypatch, result):
