@@ -17,7 +17,8 @@ ring the previous one returned (as cfm_profile.served_forms), timed per 10-step 
   - single-threaded: the package loaded with run_single_threaded=True, step by step (no such
     wait, no graph).
 Also eager and eager under one graph (the ratios), the GPU timeline's idle time in one solve of
-each variant, the host's time per solve call, the device memory a solve graph adds, and whether
+each variant, the host's time per solve call, the device memory a solve graph adds (its static
+buffers, and the segments of the solve graphs' own pool: docs/budget.md counts them), and whether
 each variant's outputs over three solves (on three chunks' inputs: the second is the served
 graph's capture, the third its replay on other inputs) and its ring buffer after them equal the
 served engine's, bit for bit.
@@ -169,6 +170,15 @@ def device_bytes(dev) -> dict:
     return {"allocated": torch.cuda.memory_allocated(dev), "reserved": torch.cuda.memory_reserved(dev)}
 
 
+def pool_bytes(pool: GraphPool) -> dict:
+    """The device memory a graph pool's segments hold: reserved (the segments) and allocated (the
+    blocks live in them: the graphs' static outputs and what a replay keeps), from PyTorch's
+    allocator snapshot."""
+    segs = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(pool.handle)]
+    return {"segments": len(segs), "reserved": sum(s["total_size"] for s in segs),
+            "allocated": sum(s["allocated_size"] for s in segs)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -213,7 +223,8 @@ def main() -> None:
             held = [e.graph for e in graphs._buffers.values() if e.graph is not None]
             res["solve_graphs"] = {**graphs.counts(),
                                    "static_bytes": sum(t.nbytes for c in held for t in c.inputs + c.outputs),
-                                   "device_bytes_with_engine": {k: v - before[k] for k, v in device_bytes(dev).items()}}
+                                   "device_bytes_with_engine": {k: v - before[k] for k, v in device_bytes(dev).items()},
+                                   "pool_bytes": pool_bytes(graphs.pool)}
             print(f"   solve graphs: {res['solve_graphs']}", flush=True)
         served.release()
         del served
