@@ -52,6 +52,7 @@ def profile_keys(directory: Path, key_ids: list[str], out: Path, warmup: int = 3
         t0 = time.perf_counter()
         prof = profile_kernels(lambda: engine.run(inputs)) if device.type == "cuda" else None
         res = {"key": key_id, "backend": manifest.backend.name, "device": manifest.device,
+               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "commit": os.environ.get("C2W_COMMIT", ""), "profile_s": round(time.perf_counter() - t0, 2),
                "profile": prof}
         engine.release()
