@@ -285,7 +285,7 @@ def _cfm_step_inputs(cfg, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     dt = torch.full((1,), 0.1, dtype=torch.float32, device=mu.device)
     slots = torch.arange(T, dtype=torch.int64, device=mu.device)
     # new tensors, so that the ten steps' caches are freed once the caller drops them (a B=32 key's: ~8 GB)
-    buffers = [torch.cat([torch.zeros_like(a.narrow(-2, 0, T)), a], dim=-2) for a in att[0]]
+    buffers = [torch.cat([a.new_zeros((*a.shape[:-2], T, a.shape[-1])), a], dim=-2) for a in att[0]]
     return [mu, spk, cond, x0, cnn[0].clone(), s, dt, slots, *buffers]
 
 

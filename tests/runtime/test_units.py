@@ -146,6 +146,19 @@ def test_only_the_cfm_has_an_export_variant_one_in_place_euler_step(model):
         assert torch.equal(buffer[..., T:, :], inputs[5][0, i])
 
 
+@pytest.mark.parametrize("L", [0, 10])
+def test_the_step_inputs_of_a_cache_shorter_than_the_chunk(model, L):
+    """A prompt's key (L=0: h200_core's B=1 T=300 setup key) and any cache shorter than the chunk
+    get buffers of T + L frames too: the chunk's T slots zero, then the cache (these failed to
+    build on the H200 in run 29 before the fix: the chunk's zeros were cut from the cache)."""
+    key = ShapeKey.named("cfm", "float32", B=1, T=30, L=L)
+    inputs = SPECS["cfm"].example_inputs(model.cfg, key)
+    step = SPECS["cfm"].export_variant.inputs(model.cfg, inputs)
+    for i, buffer in enumerate(step[8:]):
+        assert buffer.shape == (*inputs[5].shape[2:4], 30 + L, inputs[5].shape[-1])
+        assert not buffer[..., :30, :].any() and torch.equal(buffer[..., 30:, :], inputs[5][0, i])
+
+
 def test_dynamic_dims_and_ranges_per_component():
     assert SPECS["flow_encoder"].dynamic_dims == {"B": (1, 256), "N": (4, 512), "C": (1, 4096)}
     assert SPECS["cfm"].dynamic_dims == {"B": (1, 256), "T": (2, 2048), "L": (1, 4096)}
