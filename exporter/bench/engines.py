@@ -2,7 +2,8 @@
 
 Per built key: median / p95 latency of eager, of eager under CUDA-graph replay (GPU), of the engine
 called directly, and of the engine under CUDA-graph replay where its backend captures that key
-(CUDA events after warm-up on GPU; perf_counter on CPU); the rel-L2 of the engine's outputs against
+(CUDA events after warm-up on GPU; perf_counter on CPU); for a CFM engine that writes its cache in
+place, also as a steady stream serves it (`steady_stream`); the rel-L2 of the engine's outputs against
 eager on the same inputs (the timed calls compute the same function), and, for reduced precision,
 the fidelity (rel-L2, SNR dB) of eager and engine against the float32 model. Per batch size: stage
 latency of a first and a steady chunk (encoder + CFM + HiFT + cache handling) through the streaming
@@ -29,6 +30,7 @@ from c2w.runtime.engines.graphs import CapturedCall, GraphPool
 from c2w.runtime.manifest import Manifest, model_from_manifest, read_manifest
 from c2w.runtime.model.weights import load_model
 from c2w.runtime.stream import StreamDriver
+from c2w.runtime.trim import KEEP_RECENT, CacheTrim
 from c2w.runtime.units import SPECS, EagerRunner, rel_l2
 from c2w.runtime.verify import artifact_info, entry_key, unit_weights
 
@@ -170,6 +172,9 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
                 load_s = time.perf_counter() - t0
                 row[name] = timed(lambda: eng.run(inputs), device, warmup, reps)
                 row[name]["load_and_first_call_s"] = load_s
+                stream = steady_stream(eng, key, inputs, device, warmup, reps)
+                if stream is not None:
+                    row[name]["steady_stream"] = stream
                 if want is not None:
                     row[name]["max_rel_l2_vs_eager"] = max(rel_l2(g.to(w.device), w) for g, w in zip(got, want))
                 if ref32 is not None:
@@ -186,6 +191,9 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         eager_ms = row["eager"].get("median_ms")
         row["speedup_vs_eager"] = eager_ms / served if served and eager_ms else None
         row["best_speedup_vs_eager"] = eager_ms / best if best and eager_ms else None
+        stream = row.get(row["served_variant"], {}).get("steady_stream", {}).get("median_ms")
+        if stream:
+            row["stream_speedup_vs_eager"] = eager_ms / stream if eager_ms else None
         res["keys"].append(row)
         save()
         print(f"  {e.id}: eager {'failed' if eager_ms is None else f'{eager_ms:.2f} ms'}, served engine "
@@ -227,6 +235,31 @@ def eager_cells(row: dict, eager, eager32, key, inputs, device: torch.device, wa
         return want, None
     row["eager"]["fp32_fidelity"] = fidelity(want[0], ref32)
     return want, ref32
+
+
+STREAM_WARMUP = 4      # a stream's first calls lay its cache out anew; its third is in place, its fourth graphed
+
+
+def steady_stream(eng, key, inputs, device: torch.device, warmup: int, reps: int) -> dict | None:
+    """A CFM engine that takes its attention cache as a ring (`takes_rings`: AOTI's in-place step)
+    timed as a steady stream is served: each call handed the ring the last one returned, the cache
+    trimmed back to the key's L frames (upstream's trim with P = L - 100), so that each chunk
+    writes its T frames into the slots the trim freed, and, where the engine solves resident rings
+    in one graph, from that graph. The first calls lay the cache out anew, hence at least
+    STREAM_WARMUP untimed ones. The outputs are not compared: each call attends to the cache the
+    last one left, not to the key's example cache. None for other engines, and for a cache too
+    short to trim back (L < 100)."""
+    L = key.dim("L") if key.component == "cfm" else 0
+    if not eng.takes_rings or L < KEEP_RECENT:
+        return None
+    trim, state = CacheTrim(L - KEEP_RECENT), {"cache": inputs[5]}
+
+    def call():
+        state["cache"] = eng.run(list(inputs[:5]) + [state["cache"]], trim)[2]
+    out = timed(call, device, max(warmup, STREAM_WARMUP), reps)
+    if eng.solve_graphs is not None:
+        out["solve_graphs"] = eng.solve_graphs.counts()
+    return out
 
 
 def _failure(exc: Exception, what: str, key_id: str, artifact_dir: Path) -> str:
@@ -474,6 +507,14 @@ def _fid(x) -> str:
     return "-" if not f else f"{f['rel_l2']:.1e} / {f['snr_db']:.1f}"
 
 
+def _stream_cell(r: dict) -> str:
+    st = r.get(r.get("served_variant", ""), {}).get("steady_stream")
+    if not st:
+        return "-"
+    sp = r.get("stream_speedup_vs_eager")
+    return f"{st['median_ms']:.3f} / {'-' if sp is None else f'{sp:.1f}x'}"
+
+
 def _served_cell(x: dict) -> str:
     return f"{x['engine_calls']} / {x['eager_fallbacks']}" if "engine_calls" in x else "-"
 
@@ -483,11 +524,13 @@ def to_markdown(res: dict) -> str:
             f"{res['backend']['version']}, model {res['model']['spec']}, precision {res['precision']}, "
             f"commit {res['commit']}, {res['date']}")
     lines = [head, "", "Per key, ms median / p95. Speed-up: eager / the engine as the runtime serves it "
-             "(with or without a CUDA graph, by the backend's graph policy; * marks the served cell). "
+             "(with or without a CUDA graph, by the backend's graph policy; * marks the served cell), "
+             "each call handed the key's example cache; the last column: a CFM engine that writes its "
+             "cache in place, handed back the cache it returned, trimmed to the key's L (a steady stream). "
              "Fidelity: first output against the float32 model, rel-L2 / SNR dB (reduced-precision keys).", "",
              "| key | eager | eager+graph | engine | engine+graph | speed-up | rel-L2 vs eager "
-             "| fidelity eager | fidelity engine | build s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| fidelity eager | fidelity engine | build s | served in a steady stream: ms / speed-up |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["keys"]:
         rel = max((r[v]["max_rel_l2_vs_eager"] for v in ("engine", "engine_graph")
                    if "max_rel_l2_vs_eager" in r.get(v, {})), default=float("nan"))
@@ -499,7 +542,7 @@ def to_markdown(res: dict) -> str:
         lines.append(f"| {r['id']} | {_cell(r.get('eager'))} | {_cell(r.get('eager_graph'))} | "
                      f"{_cell(r.get('engine'))}{mark['engine']} | {_cell(r.get('engine_graph'))}{mark['engine_graph']} | "
                      f"{'-' if sp is None else f'{sp:.1f}x'} | {rel:.1e} | {_fid(r.get('eager'))} | "
-                     f"{_fid(best)} | {r['build_seconds']} |")
+                     f"{_fid(best)} | {r['build_seconds']} | {_stream_cell(r)} |")
     failed = [f"- {r['id']}, {cell}: {r[cell][what]}" for r in res["keys"] for cell in _CELLS
               for what in ("error", "fp32_fidelity_error") if what in r.get(cell, {})]
     if failed:

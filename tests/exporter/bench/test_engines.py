@@ -332,3 +332,50 @@ def test_timed_runs_setup_outside_the_call_once_per_rep():
     timed(lambda: calls.append(1), torch.device("cpu"), warmup=1, reps=2)
     assert len(calls) == 3
 
+
+
+class RingEngine:
+    """A stand-in for AOTI's in-place CFM engine: records the cache and trim of every call and
+    returns a new object as the cache, which the next call must be handed."""
+    takes_rings, solve_graphs = True, None
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, inputs, trim=None):
+        self.calls.append((inputs[5], trim))
+        return [inputs[0], inputs[4], object()]
+
+
+def test_a_steady_stream_hands_each_call_the_cache_the_last_one_returned():
+    import torch
+
+    from c2w.exporter.bench.engines import STREAM_WARMUP, steady_stream
+    from c2w.runtime.trim import CacheTrim
+    from c2w.runtime.units import ShapeKey
+    key = ShapeKey.named("cfm", "float16", B=32, T=150, L=400)
+    inputs = [torch.zeros(1)] * 5 + ["the example cache"]
+    eng = RingEngine()
+    out = steady_stream(eng, key, inputs, torch.device("cpu"), warmup=1, reps=3)
+    assert out["reps"] == 3 and "solve_graphs" not in out
+    assert len(eng.calls) == STREAM_WARMUP + 3 and eng.calls[0][0] == "the example cache"
+    assert all(trim == CacheTrim(300) for _, trim in eng.calls)            # P = L - 100: back to L frames
+    assert len({id(c) for c, _ in eng.calls[1:]}) == len(eng.calls) - 1    # each call its predecessor's cache
+    # no steady stream for an engine that copies its cache, nor for a cache shorter than what the trim keeps
+    plain = RingEngine()
+    plain.takes_rings = False
+    assert steady_stream(plain, key, inputs, torch.device("cpu"), 1, 3) is None and not plain.calls
+    short = ShapeKey.named("cfm", "float16", B=1, T=300, L=0)
+    assert steady_stream(RingEngine(), short, inputs, torch.device("cpu"), 1, 3) is None
+
+
+def test_the_markdown_shows_the_served_variants_steady_stream():
+    row = {"id": "cfm-B32-T150-L400-float16", "build_seconds": 1, "served_variant": "engine",
+           "eager": {"median_ms": 160.0, "p95_ms": 161.0}, "speedup_vs_eager": 160 / 58,
+           "engine": {"median_ms": 58.0, "p95_ms": 58.5, "max_rel_l2_vs_eager": 1e-3,
+                      "steady_stream": {"median_ms": 52.0, "p95_ms": 52.5}},
+           "stream_speedup_vs_eager": 160 / 52}
+    res = {"device": "cuda", "torch": "t", "backend": {"name": "aoti", "version": "v"}, "model": {"spec": "s"},
+           "precision": {}, "commit": "c", "date": "d", "keys": [row], "stream": []}
+    line = next(x for x in to_markdown(res).splitlines() if x.startswith("| cfm-B32"))
+    assert line.endswith("| 1 | 52.000 / 3.1x |")
