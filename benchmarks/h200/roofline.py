@@ -23,7 +23,10 @@ What the classes leave out (the solve's other kernels: the input and final proje
 timestep table, the Euler update, and the engine_kernels harness's placement of a cache handed
 as a tensor, which a resident ring does not need) is one more row, with no floor.
 
-    python3 benchmarks/h200/roofline.py results/run28_stage_h100/engine_kernels_cfm-B32-T150-L400-float16.json
+    python3 benchmarks/h200/engine_kernels.py /tmp/art/all-h200_stage cfm-B32-T150-L400-float16 --out $OUT
+    python3 benchmarks/h200/roofline.py $OUT/engine_kernels_cfm-B32-T150-L400-float16.json
+(run 29's files are in results/run29_stage/stage_extras.tgz; files written before run 29 name no
+card: pass --device H100 or H200.)
 """
 from __future__ import annotations
 

@@ -198,7 +198,8 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         save()
         print(f"  {e.id}: eager {'failed' if eager_ms is None else f'{eager_ms:.2f} ms'}, served engine "
               f"{served if served is None else round(served, 3)} ms ({row['served_variant']}), best "
-              f"{best if best is None else round(best, 3)} ms", flush=True)
+              f"{best if best is None else round(best, 3)} ms" + (f", in a steady stream {stream:.3f} ms" if stream else ""),
+              flush=True)
     if traffic is not None:
         res["traffic"] = bench_traffic(artifact_dir, traffic, model, cuda_graphs=cuda_graphs, manifest=manifest)
         save()
