@@ -154,13 +154,8 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
         weights = unit_weights(eager.unit(key))
         variants = engine_variants(manifest.backend.name, info, device)
         if device.type == "cuda" and want is not None:
-            try:
-                g = CapturedCall(lambda *a: eager.run(key, list(a)), info.input_shapes,
-                                 [t.dtype for t in inputs], device, GraphPool(device))
-                row["eager_graph"] = timed(lambda: g(*inputs), device, warmup, reps)
-                row["eager_graph"]["max_rel_l2_vs_eager"] = max(rel_l2(a, b) for a, b in zip(g(*inputs), want))
-            except Exception as exc:
-                row["eager_graph"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            row["eager_graph"] = eager_graph_cell(eager, key, info, inputs, want, device, warmup, reps, artifact_dir)
+            _free(device)                      # the graph's pool goes before the engines load
         for name, backend in variants.items():
             if isinstance(backend, str):
                 row[name] = {"skipped": backend}
@@ -181,7 +176,7 @@ def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list
                     row[name]["fp32_fidelity"] = fidelity(got[0], ref32)
                 eng.release()
             except Exception as exc:  # a variant that cannot run is reported, not fatal
-                row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                row[name] = {"error": _failure(exc, f"the {name} variant of {key.id}", key.id, artifact_dir)}
             backend.release_shared()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -236,6 +231,21 @@ def eager_cells(row: dict, eager, eager32, key, inputs, device: torch.device, wa
         return want, None
     row["eager"]["fp32_fidelity"] = fidelity(want[0], ref32)
     return want, ref32
+
+
+def eager_graph_cell(eager, key, info, inputs, want, device: torch.device, warmup: int, reps: int,
+                     artifact_dir: Path) -> dict:
+    """Times eager replayed from one CUDA graph and compares it with eager's outputs `want`. The
+    graph and its memory pool live only inside this call: at the B=32 CFM key they hold about as
+    much device memory as the eager solve itself, which the engines timed next need."""
+    try:
+        g = CapturedCall(lambda *a: eager.run(key, list(a)), info.input_shapes,
+                         [t.dtype for t in inputs], device, GraphPool(device))
+        cell = timed(lambda: g(*inputs), device, warmup, reps)
+        cell["max_rel_l2_vs_eager"] = max(rel_l2(a, b) for a, b in zip(g(*inputs), want))
+        return cell
+    except Exception as exc:
+        return {"error": _failure(exc, "eager under one CUDA graph", key.id, artifact_dir)}
 
 
 STREAM_WARMUP = 4      # a stream's first calls lay its cache out anew; its third is in place, its fourth graphed

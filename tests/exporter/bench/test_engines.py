@@ -163,6 +163,48 @@ def test_eager_cells_keep_eager_when_only_the_float32_reference_runs_out_of_memo
     assert row["eager"]["fp32_fidelity"]["rel_l2"] == 0.0
 
 
+def test_eager_under_one_graph_frees_its_graph_and_says_what_to_do_when_out_of_memory(monkeypatch):
+    """The eager-graph cell's graph (and its pool: at the B=32 CFM key as large as the eager solve)
+    is gone once the cell is timed, so the engines timed next have the memory; out of memory, the
+    cell says what to do."""
+    import gc
+    import weakref
+
+    import torch
+
+    import c2w.exporter.bench.engines as bench
+    from c2w.runtime.units import ShapeKey
+    graphs = []
+
+    class Graph:                                   # a stand-in CapturedCall: replays eager on the CPU
+        def __init__(self, fn, shapes, dtypes, device, pool):
+            self.fn = fn
+            graphs.append(weakref.ref(self))
+
+        def __call__(self, *a):
+            return self.fn(*a)
+
+    class Eager:
+        def run(self, key, inputs, trim=None):
+            return [inputs[0] * 2]
+    monkeypatch.setattr(bench, "CapturedCall", Graph)
+    monkeypatch.setattr(bench, "GraphPool", lambda device: None)
+    key = ShapeKey.named("cfm", "float16", B=32, T=150, L=400)
+    info, inputs, cpu = type("Info", (), {"input_shapes": [(3,)]})(), [torch.ones(3)], torch.device("cpu")
+    cell = bench.eager_graph_cell(Eager(), key, info, inputs, [torch.full((3,), 2.0)], cpu, 0, 2, Path("art"))
+    gc.collect()
+    assert cell["reps"] == 2 and cell["max_rel_l2_vs_eager"] == 0.0
+    assert len(graphs) == 1 and graphs[0]() is None
+
+    def out_of_memory(*a):
+        raise torch.cuda.OutOfMemoryError(EAGER_OOM + "\nmore lines of allocator detail")
+    monkeypatch.setattr(bench, "CapturedCall", out_of_memory)
+    cell = bench.eager_graph_cell(Eager(), key, info, inputs, [torch.full((3,), 2.0)], cpu, 0, 2, Path("art"))
+    assert cell == {"error": f"eager under one CUDA graph ran out of device memory (OutOfMemoryError: "
+                             f"{EAGER_OOM}); to time it, bench the key on its own (c2w bench art --keys "
+                             f"{key.id}) or on a GPU with more memory"}
+
+
 def _bench_stand_in(monkeypatch, result):
     """The CLI's bench_dir, recording its arguments and returning `result` (a real run's): the
     command is an adapter over the library function the tests above run."""
