@@ -94,24 +94,32 @@ def engine_variants(backend_name: str, info, device: torch.device) -> dict:
     """The engine variants `c2w bench` times for one key: row name -> the backend that loads it,
     built as the runtime builds one (get_backend(name, cuda_graphs=...)), or, where that backend's
     graph policy would make the row's name untrue, why the row is not timed (ONNX Runtime never
-    captures; AOTI captures only graph inputs within GRAPH_MAX_BYTES, and C2W_AOTI_CUDA_GRAPHS
-    overrides what it is asked). The graph row exists on CUDA only."""
+    captures; AOTI captures per call only graph inputs within GRAPH_MAX_BYTES, the larger in-place
+    CFM keys per resident ring, and C2W_AOTI_CUDA_GRAPHS overrides what it is asked). The graph
+    row exists on CUDA only."""
     variants = {}
     for name, graphs in VARIANTS:
         if graphs and device.type != "cuda":
             continue
         backend = get_backend(backend_name, cuda_graphs=graphs)
-        graphed = backend.graphed(info, device)
+        graphed = captures(backend, info, device)
         variants[name] = backend if graphed == graphs else (
             f"not timed: backend {backend_name} asked for cuda_graphs={graphs} "
             f"{'captures' if graphed else 'does not capture'} this key in a CUDA graph (its graph policy)")
     return variants
 
 
+def captures(backend, info, device: torch.device) -> bool:
+    """Whether `backend` serves this key from CUDA graphs: one per call (`graphed`), or, for a CFM
+    key too large for that, one per resident ring (`solve_graphed`), which only the steady-stream
+    cell (steady_stream) replays: the per-call cells hand the example cache, not a returned ring."""
+    return backend.graphed(info, device) or backend.solve_graphed(info, device)
+
+
 def served_variant(policy, info, device: torch.device) -> str:
     """The engine row the runtime serves for this key: `policy` is the backend as the runtime
     loads it (get_backend(name, cuda_graphs=the loading option))."""
-    return "engine_graph" if policy.graphed(info, device) else "engine"
+    return "engine_graph" if captures(policy, info, device) else "engine"
 
 
 def bench_dir(artifact_dir: Path, *, reps: int = 20, warmup: int = 3, keys: list[str] | None = None,
@@ -537,7 +545,9 @@ def to_markdown(res: dict) -> str:
     lines = [head, "", "Per key, ms median / p95. Speed-up: eager / the engine as the runtime serves it "
              "(with or without a CUDA graph, by the backend's graph policy; * marks the served cell), "
              "each call handed the key's example cache; the last column: a CFM engine that writes its "
-             "cache in place, handed back the cache it returned, trimmed to the key's L (a steady stream). "
+             "cache in place, handed back the cache it returned, trimmed to the key's L (a steady stream; "
+             "where a key is too large for a graph per call, engine+graph replays one graph per resident "
+             "ring there only, so its per-call cell is the engine's own calls). "
              "Fidelity: first output against the float32 model, rel-L2 / SNR dB (reduced-precision keys).", "",
              "| key | eager | eager+graph | engine | engine+graph | speed-up | rel-L2 vs eager "
              "| fidelity eager | fidelity engine | build s | served in a steady stream: ms / speed-up |",
@@ -554,7 +564,8 @@ def to_markdown(res: dict) -> str:
                      f"{_cell(r.get('engine'))}{mark['engine']} | {_cell(r.get('engine_graph'))}{mark['engine_graph']} | "
                      f"{'-' if sp is None else f'{sp:.1f}x'} | {rel:.1e} | {_fid(r.get('eager'))} | "
                      f"{_fid(best)} | {r['build_seconds']} | {_stream_cell(r)} |")
-    failed = [f"- {r['id']}, {cell}: {r[cell][what]}" for r in res["keys"] for cell in _CELLS
+    failed = [f"- {r['id']}, {'fidelity' if what == 'fp32_fidelity_error' else cell}: {r[cell][what]}"
+              for r in res["keys"] for cell in _CELLS
               for what in ("error", "fp32_fidelity_error") if what in r.get(cell, {})]
     if failed:
         lines += ["", "Cells left empty above, and why:"] + failed

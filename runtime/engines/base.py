@@ -94,6 +94,12 @@ class Backend(abc.ABC):
         runtime serves for that key, and what `c2w bench` reports as served)."""
         return False
 
+    def solve_graphed(self, info: ArtifactInfo, device: torch.device) -> bool:
+        """Whether `load(info, ..., device)` returns a CFM engine that, though not graphed per call,
+        solves the rings it returned and is handed back in one CUDA graph per ring (what the
+        runtime serves a resident batch's steady chunks from: runtime.engines.solve_graphs)."""
+        return False
+
     @abc.abstractmethod
     def require(self) -> None:
         """Import the SDK or raise MissingBackendError saying what to install."""

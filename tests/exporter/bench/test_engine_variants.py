@@ -1,6 +1,8 @@
 """Which engine rows `c2w bench` times for a key, and which one it reports as served: the
 backend's graph policy decides (`Backend.cuda_graphs` / `Backend.graphed`), never a probe of its
 attributes. Pure bookkeeping: no GPU, no TensorRT, no artifacts."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from tests.runtime.engines.test_aoti import info_for
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 SMALL = info_for("cfm", (1, 50, 300), "float16")        # graph inputs well within GRAPH_MAX_BYTES
 LARGE = info_for("cfm", (32, 150, 400), "float16")      # 0.84 GB of static att cache per step
+LARGE_IN_PLACE = dataclasses.replace(LARGE, extra={**LARGE.extra, "step_att": "in_place"})
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +44,21 @@ def test_aoti_graph_row_follows_its_size_limit_and_the_variable(monkeypatch):
     forced = engine_variants("aoti", SMALL, CUDA)
     assert forced["engine"].startswith("not timed: backend aoti asked for cuda_graphs=False captures")
     assert forced["engine_graph"].graphed(SMALL, CUDA)
+
+
+def test_aoti_in_place_key_too_large_for_a_graph_per_call_serves_its_graph_row_from_solve_graphs(monkeypatch):
+    """The B=32 T=150 in-place CFM key: no graph per call, but the runtime serves a resident batch's
+    steady chunks from one graph per ring, so the graph row is timed and is the one served."""
+    variants = engine_variants("aoti", LARGE_IN_PLACE, CUDA)
+    assert {name: (b.cuda_graphs, b.graphed(LARGE_IN_PLACE, CUDA), b.solve_graphed(LARGE_IN_PLACE, CUDA))
+            for name, b in variants.items()} == {"engine": (False, False, False),
+                                                 "engine_graph": (True, False, True)}
+    assert served_variant(get_backend("aoti"), LARGE_IN_PLACE, CUDA) == "engine_graph"
+    assert served_variant(get_backend("aoti", cuda_graphs=False), LARGE_IN_PLACE, CUDA) == "engine"
+    assert not get_backend("aoti").solve_graphed(LARGE_IN_PLACE, CPU)
+    monkeypatch.setenv("C2W_AOTI_CUDA_GRAPHS", "0")
+    assert engine_variants("aoti", LARGE_IN_PLACE, CUDA)["engine_graph"].startswith(
+        "not timed: backend aoti asked for cuda_graphs=True does not capture")
 
 
 def test_onnxruntime_never_has_a_graph_row_to_time_or_serve():
