@@ -29,6 +29,7 @@ from c2w.runtime.engines import get_backend
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool
 from c2w.runtime.manifest import Manifest, model_from_manifest, read_manifest
 from c2w.runtime.model.weights import load_model
+from c2w.runtime.ring import RingCache
 from c2w.runtime.stream import StreamDriver
 from c2w.runtime.trim import KEEP_RECENT, CacheTrim
 from c2w.runtime.units import SPECS, EagerRunner, rel_l2
@@ -256,7 +257,9 @@ def eager_graph_cell(eager, key, info, inputs, want, device: torch.device, warmu
         return {"error": _failure(exc, "eager under one CUDA graph", key.id, artifact_dir)}
 
 
-STREAM_WARMUP = 4      # a stream's first calls lay its cache out anew; its third is in place, its fourth graphed
+# a stream's first call lays its cache out in a ring of the engine's own; its second writes it in
+# place (and captures the solve graph, if any)
+STREAM_WARMUP = 4
 
 
 def steady_stream(eng, key, inputs, device: torch.device, warmup: int, reps: int) -> dict | None:
@@ -264,14 +267,15 @@ def steady_stream(eng, key, inputs, device: torch.device, warmup: int, reps: int
     timed as a steady stream is served: each call handed the ring the last one returned, the cache
     trimmed back to the key's L frames (upstream's trim with P = L - 100), so that each chunk
     writes its T frames into the slots the trim freed, and, where the engine solves resident rings
-    in one graph, from that graph. The first calls lay the cache out anew, hence at least
-    STREAM_WARMUP untimed ones. The outputs are not compared: each call attends to the cache the
-    last one left, not to the key's example cache. None for other engines, and for a cache too
-    short to trim back (L < 100)."""
+    in one graph, from that graph. The example cache goes in as a ring (as the stream driver hands
+    a cache on: a tensor in gives a tensor out, laid out anew on every call); the first call lays
+    it out in a ring of the engine's own, hence at least STREAM_WARMUP untimed ones. The outputs
+    are not compared: each call attends to the cache the last one left, not to the key's example
+    cache. None for other engines, and for a cache too short to trim back (L < 100)."""
     L = key.dim("L") if key.component == "cfm" else 0
     if not eng.takes_rings or L < KEEP_RECENT:
         return None
-    trim, state = CacheTrim(L - KEEP_RECENT), {"cache": inputs[5]}
+    trim, state = CacheTrim(L - KEEP_RECENT), {"cache": RingCache.of(inputs[5])}
 
     def call():
         state["cache"] = eng.run(list(inputs[:5]) + [state["cache"]], trim)[2]

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from c2w.cli import app
 from c2w.exporter.bench.engines import bench_dir, to_markdown
+from c2w.runtime.ring import RingCache
 from c2w.runtime.units import SPECS
 
 pytestmark = pytest.mark.slow
@@ -396,11 +397,14 @@ def test_a_steady_stream_hands_each_call_the_cache_the_last_one_returned():
     from c2w.runtime.trim import CacheTrim
     from c2w.runtime.units import ShapeKey
     key = ShapeKey.named("cfm", "float16", B=32, T=150, L=400)
-    inputs = [torch.zeros(1)] * 5 + ["the example cache"]
+    example = torch.zeros(1, 400, 1)
+    inputs = [torch.zeros(1)] * 5 + [example]
     eng = RingEngine()
     out = steady_stream(eng, key, inputs, torch.device("cpu"), warmup=1, reps=3)
     assert out["reps"] == 3 and "solve_graphs" not in out
-    assert len(eng.calls) == STREAM_WARMUP + 3 and eng.calls[0][0] == "the example cache"
+    assert len(eng.calls) == STREAM_WARMUP + 3
+    first = eng.calls[0][0]                                   # the example cache, as a ring of its frames
+    assert isinstance(first, RingCache) and first.buffer is example and list(first.order) == list(range(400))
     assert all(trim == CacheTrim(300) for _, trim in eng.calls)            # P = L - 100: back to L frames
     assert len({id(c) for c, _ in eng.calls[1:]}) == len(eng.calls) - 1    # each call its predecessor's cache
     # no steady stream for an engine that copies its cache, nor for a cache shorter than what the trim keeps
@@ -409,6 +413,40 @@ def test_a_steady_stream_hands_each_call_the_cache_the_last_one_returned():
     assert steady_stream(plain, key, inputs, torch.device("cpu"), 1, 3) is None and not plain.calls
     short = ShapeKey.named("cfm", "float16", B=1, T=300, L=0)
     assert steady_stream(RingEngine(), short, inputs, torch.device("cpu"), 1, 3) is None
+
+
+def test_a_steady_stream_is_served_from_the_solve_graph_of_its_ring(monkeypatch):
+    """AOTI's in-place replay with solve graphs (on the fake GPU of tests/runtime/engines/
+    test_graphs.py, the tiny model's step): the first call lays the example cache out in a ring
+    of the replay's own, the second, handed that ring back, captures the whole solve over its
+    buffer, and every later call replays that graph, writing the same buffer in place."""
+    import torch
+
+    from c2w.exporter.bench.engines import STREAM_WARMUP, steady_stream
+    from c2w.runtime.engines.aoti import AOTIEngine, EulerReplay
+    from c2w.runtime.engines.base import ArtifactInfo
+    from c2w.runtime.model.weights import load_model
+    from c2w.runtime.units import ShapeKey
+    from tests.runtime.engines.test_graphs import fake_cuda
+    cuda, cpu = fake_cuda(monkeypatch), torch.device("cpu")
+    model = load_model("random:tiny")
+    key, spec = ShapeKey.named("cfm", "float32", B=1, T=4, L=100), SPECS["cfm"]
+    unit = spec.export_variant.build(model).eval()
+    replay = EulerReplay(cuda.kernel(lambda *a: torch.no_grad()(unit)(*a)), model.cfg.n_timesteps, cpu,
+                         "in_place", solve_graphs=2)
+    info = ArtifactInfo(Path("x.pt2"), spec.input_names(key), spec.output_names, spec.input_shapes(model.cfg, key),
+                        tuple(str(d).removeprefix("torch.") for d in spec.input_dtypes(key)), {})
+    eng = AOTIEngine(info, replay, cpu, [])
+    inputs = spec.example_inputs(model.cfg, key, seed=7, device=cpu)
+    buffers = []
+    real = eng.run_impl
+    monkeypatch.setattr(eng, "run_impl", lambda ins, trim=None: buffers.append(ins[5].buffer) or real(ins, trim))
+    out = steady_stream(eng, key, inputs, cpu, warmup=1, reps=3)
+    calls = STREAM_WARMUP + 3
+    assert out["solve_graphs"] == {"captures": 1, "replays": calls - 1, "declined": 0, "held": 1}
+    assert buffers[0] is inputs[5] and all(b is buffers[1] for b in buffers[2:])     # one buffer from call 2 on
+    assert buffers[1].shape[-2] == 4 + 100
+    eng.release()
 
 
 def test_the_markdown_shows_the_served_variants_steady_stream():
