@@ -424,9 +424,9 @@ def test_a_steady_stream_is_served_from_the_solve_graph_of_its_ring(monkeypatch)
 
     from c2w.exporter.bench.engines import STREAM_WARMUP, steady_stream
     from c2w.runtime.engines.aoti import AOTIEngine, EulerReplay
-    from c2w.runtime.engines.base import ArtifactInfo
     from c2w.runtime.model.weights import load_model
     from c2w.runtime.units import ShapeKey
+    from tests.runtime.engines.test_aoti import info_for
     from tests.runtime.engines.test_graphs import fake_cuda
     cuda, cpu = fake_cuda(monkeypatch), torch.device("cpu")
     model = load_model("random:tiny")
@@ -434,9 +434,7 @@ def test_a_steady_stream_is_served_from_the_solve_graph_of_its_ring(monkeypatch)
     unit = spec.export_variant.build(model).eval()
     replay = EulerReplay(cuda.kernel(lambda *a: torch.no_grad()(unit)(*a)), model.cfg.n_timesteps, cpu,
                          "in_place", solve_graphs=2)
-    info = ArtifactInfo(Path("x.pt2"), spec.input_names(key), spec.output_names, spec.input_shapes(model.cfg, key),
-                        tuple(str(d).removeprefix("torch.") for d in spec.input_dtypes(key)), {})
-    eng = AOTIEngine(info, replay, cpu, [])
+    eng = AOTIEngine(info_for("cfm", (1, 4, 100), "float32", "tiny"), replay, cpu, [])
     inputs = spec.example_inputs(model.cfg, key, seed=7, device=cpu)
     buffers = []
     real = eng.run_impl

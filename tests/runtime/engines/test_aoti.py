@@ -14,8 +14,8 @@ from c2w.runtime.units import SPECS, ShapeKey
 CUDA = torch.device("cuda")
 
 
-def info_for(component, dims, dtype):
-    key, cfg = ShapeKey(component, dims, dtype), preset("full")
+def info_for(component, dims, dtype, model="full"):
+    key, cfg = ShapeKey(component, dims, dtype), preset(model)
     spec = SPECS[component]
     extra = {"cfm_step": True, "n_steps": cfg.n_timesteps} if component == "cfm" else {}
     return ArtifactInfo(Path("x.pt2"), spec.input_names(key), spec.output_names, spec.input_shapes(cfg, key),
