@@ -389,7 +389,10 @@ SPECS: dict[str, UnitSpec] = {
         # AOTI 1: float16 convolutions as 2-D channels-last ones (runtime/model/hift.py, CastingConv1d).
         # AOTI 2: the packages' float16 conv weights in the order those convolutions read (the
         # model as loaded now goes through set_precision; AOTI 1 packages hold them contiguous).
-        revisions={"aoti": 2}),
+        # AOTI 3: the f0 predictor's five convolutions as c2w's conv3_elu kernel (float32's
+        # accuracy on the tensor cores) instead of cuDNN's float32 ones, and Snake's sine as
+        # multiply-adds (hift.sin_squared_by_multiply_adds) instead of libdevice's sin.
+        revisions={"aoti": 3}),
 }
 
 

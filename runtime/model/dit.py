@@ -82,7 +82,7 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(emb.to(self.mlp[0].weight.dtype))
 
 
-def _triton_kernels(x: torch.Tensor):
+def triton_kernels_for(x: torch.Tensor):
     """runtime.model.triton_kernels where ops on x take them: on CUDA, outside an ONNX export,
     with Triton installed (a CPU-only torch has none); else None."""
     if not x.is_cuda or torch.onnx.is_in_onnx_export():
@@ -209,7 +209,7 @@ class Attention(PackedQKV):
         float16, attention itself is a Triton kernel too (triton_kernels.attention, the same
         function up to rounding), reading q and the cache where they lie."""
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-        kernels = _triton_kernels(x)
+        kernels = triton_kernels_for(x)
         if kernels is not None and kernels.fits(qkv, kv, slots, self.q_norm, self.k_norm):
             q = kernels.attention_inputs(qkv, self.q_norm.weight, self.q_norm.bias, float(self.q_norm.eps),
                                          self.k_norm.weight, self.k_norm.bias, float(self.k_norm.eps), kv, slots)
@@ -356,7 +356,7 @@ class DiTBlock(nn.Module):
             a, new_att = self.attn.forward_in_place(h, att_cache, att_slots), att_cache
         x = x + gate_msa * a
         # c2w's Triton kernels serve the in-place step (AOTI's); the other forms keep the ops
-        kernels = _triton_kernels(x) if att_slots is not None else None
+        kernels = triton_kernels_for(x) if att_slots is not None else None
         conv_in = modulate(self.norm3(x), shift_conv, scale_conv)
         if kernels is not None and kernels.conv_fits(conv_in, mod, cnn_cache, self.conv, self.norm2):
             taps, new_cnn = self.conv.second_taps(kernels, conv_in, cnn_cache)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from c2w.runtime.errors import C2WUserError, check_shape, state_dict_mismatch
 from c2w.runtime.model.config import HiftConfig
-from c2w.runtime.model.dit import tap_major_
+from c2w.runtime.model.dit import tap_major_, triton_kernels_for
 
 MEL_BINS = 80
 
@@ -113,6 +113,36 @@ def _same_padding(kernel: int, dilation: int = 1) -> int:
     return dilation * (kernel - 1) // 2
 
 
+# pi = _PI_HI + _PI_LO, _PI_HI with 8 significant bits: k * _PI_HI is exact for |k| < 2^16
+_PI_HI, _PI_LO = 3.140625, 9.676535897932e-4
+# sin r = r (1 + r^2 (-1/3! + r^2 (1/5! - ...))) to r^11: within 6e-8 of sin r on [-pi/2, pi/2]
+_SIN_TAYLOR = (-1 / 6, 1 / 120, -1 / 5040, 1 / 362880, -1 / 39916800)
+
+
+def sin_squared_by_multiply_adds(z: torch.Tensor) -> torch.Tensor:
+    """sin(z)^2 in float32 within 4e-7 of the exact value for |z| < 2^16 pi (torch.sin's, squared:
+    1e-7), from ops that are multiply-adds on the GPU: z less its nearest multiple of pi (sin^2 has
+    period pi; k pi in two parts, Cody and Waite's reduction), then sin's Taylor series to r^11."""
+    k = torch.round(z * (1 / math.pi))
+    r = (z - k * _PI_HI) - k * _PI_LO
+    r2 = r * r
+    poly = _SIN_TAYLOR[-1]
+    for c in reversed(_SIN_TAYLOR[:-1]):
+        poly = c + r2 * poly
+    sine = r + r * r2 * poly
+    return sine * sine
+
+
+def _sin_squared(z: torch.Tensor) -> torch.Tensor:
+    """Snake's sin(z)^2: on CUDA outside an ONNX export `sin_squared_by_multiply_adds`, which
+    Inductor fuses into the kernels around Snake (its sin is libdevice's, whose argument reduction
+    left HiFT's Snake kernels compute-bound: benchmarks/h200/README.md, run 32); elsewhere
+    torch.sin, which the step-audio2 oracle parity holds on the CPU."""
+    if not z.is_cuda or torch.onnx.is_in_onnx_export():
+        return torch.sin(z).pow(2)
+    return sin_squared_by_multiply_adds(z)
+
+
 class Snake(nn.Module):
     """x + sin^2(alpha x) / alpha, one alpha per channel (BigVGAN's periodic activation)."""
 
@@ -123,7 +153,7 @@ class Snake(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x: (B, C, T)
         a = self.alpha[None, :, None]
         # 1e-9 keeps the upstream guard against alpha == 0 so trained values behave identically.
-        return x + (1.0 / (a + 1e-9)) * torch.sin(x * a).pow(2)
+        return x + (1.0 / (a + 1e-9)) * _sin_squared(x * a)
 
 
 class ResBlock(nn.Module):
@@ -145,7 +175,17 @@ class ResBlock(nn.Module):
 
 
 class F0Predictor(nn.Module):
-    """mel (B, 80, F) -> f0 in Hz (B, F): five k=3 convs with ELU, a linear head, abs."""
+    """mel (B, 80, F) -> f0 in Hz (B, F): five k=3 convs with ELU, a linear head, abs.
+
+    On CUDA (outside an ONNX export) each conv with its ELU is one Triton kernel with float32's
+    accuracy on the tensor cores (runtime.model.triton_kernels.conv3_elu), over (B, F, C) rows;
+    cuDNN's float32 convolutions, TF32 off, took 1.28 ms of the B=32 F=158 HiFT's 12.4 ms of kernel
+    time on the H200 (benchmarks/h200/README.md, run 18c; the kernel: run 32). The weights keep
+    upstream's (c_out, c_in, 3) layout, which torch CPU's oracle parity holds (stored in another
+    order, its float32 convolutions round differently, and the NSF phases turn that into 2e-4 of
+    the speech; the bound is 1e-4); the kernel is handed a tap-major copy, which its reads
+    coalesce on (five copies of 3 MiB at most per call).
+    """
 
     def __init__(self, in_channels: int, channels: int):
         super().__init__()
@@ -156,7 +196,14 @@ class F0Predictor(nn.Module):
         self.classifier = nn.Linear(channels, 1)
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        h = self.condnet(mel).transpose(1, 2)              # (B, F, C)
+        kernels = triton_kernels_for(mel)
+        h = mel.transpose(1, 2)                            # (B, F, 80), a view
+        for conv, elu in zip(self.condnet[::2], self.condnet[1::2]):
+            if kernels is not None and kernels.conv3_fits(h, conv):
+                tap_major = conv.weight.transpose(1, 2).contiguous().transpose(1, 2)
+                h = kernels.conv3_elu(h, tap_major, conv.bias, True)
+            else:
+                h = elu(conv(h.transpose(1, 2))).transpose(1, 2)
         return self.classifier(h).squeeze(-1).abs()        # (B, F)
 
 

@@ -1,8 +1,12 @@
-"""The DiT's Triton kernels: what Inductor's own kernels do in several launches, in one.
+"""The model's Triton kernels: what Inductor's own kernels (or cuDNN) do in several launches, or
+too slowly, in one.
+
+The DiT's (runtime.model.dit) come first: the attention inputs, the causal conv block's two
+halves and attention; then HiFT's f0 predictor's convolution (runtime.model.hift.F0Predictor).
 
 Each kernel is a `torch.library.triton_op`, so `torch.export` keeps it as one node and
 AOTInductor compiles it into the package (the runtime loading the package needs no Triton). The
-model uses them on CUDA only (`runtime.model.dit._triton_kernels`); on the CPU and in ONNX graphs
+model uses them on CUDA only (`runtime.model.dit.triton_kernels_for`); on the CPU and in ONNX graphs
 it keeps the PyTorch ops they replace. Tests run them on the CPU under Triton's interpreter (TRITON_INTERPRET=1) against
 those ops (tests/runtime/model/test_triton_kernels.py).
 
@@ -324,3 +328,91 @@ def attention_fits(q: torch.Tensor, kv: torch.Tensor) -> bool:
             and kv.stride(3) == 1 and kv.shape[:2] == (q.shape[0], q.shape[2]) and kv.shape[3] == 2 * q.shape[3]
             and q.shape[3] >= 16 and q.shape[3] & (q.shape[3] - 1) == 0 and kv.shape[2] > 0
             and q.dtype == kv.dtype == torch.float16 and q.device == kv.device)
+
+
+# the f0 predictor's convolution tiles: rows of (sequence, frame) x output channels per program,
+# input channels per step, warps, pipeline stages. benchmarks/h200/hift_kernels.py timed them (run
+# 32): the wide tile at B=32 F=158 (5,056 rows), the narrow one at B=1 F=58.
+F0_WIDE_TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, num_warps=4, num_stages=3)
+F0_NARROW_TILE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=2, num_stages=3)
+
+
+def f0_tile(rows: int, c_out: int, sms: int = _SMS) -> dict:
+    """The tile for `rows` x `c_out` outputs on a GPU of `sms` streaming multiprocessors: the wide
+    tile when its programs give every SM one, else the narrow tile's eight times as many."""
+    wide = triton.cdiv(rows, F0_WIDE_TILE["BLOCK_M"]) * triton.cdiv(c_out, F0_WIDE_TILE["BLOCK_N"])
+    return F0_WIDE_TILE if wide >= sms else F0_NARROW_TILE
+
+
+@triton.jit
+def _elu(x):
+    """F.elu (alpha 1) of float32 x, its negative side expm1(x) to a few ulps without libdevice's
+    expm1 (which Triton's interpreter lacks): Kahan's (e^x - 1) x / log(e^x)."""
+    u = tl.exp(x)
+    um1 = u - 1.0
+    small = tl.where(u == 1.0, x, um1 * x / tl.log(tl.where(u == 1.0, 2.0, u)))
+    negative = tl.where(um1 == -1.0, -1.0, small)
+    return tl.where(x > 0.0, x, negative)
+
+
+@triton.jit
+def _conv3_elu_kernel(x, w, bias, out, rows, frames, c_in, c_out,
+                      x_seq, x_frame, x_chan, w_out, w_in, w_tap,
+                      ELU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)          # rows of (sequence, frame)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)          # output channels
+    live = r < rows
+    outs = n < c_out
+    seq = (r // frames).to(tl.int64)
+    frame = r % frames
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in tl.static_range(3):                                    # output frame t reads t - 1, t, t + 1
+        src = frame + (j - 1)
+        inside = live & (src >= 0) & (src < frames)                 # zero padding at either end
+        row = seq * x_seq + src.to(tl.int64) * x_frame
+        for k0 in range(0, c_in, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            ins = k < c_in
+            a = tl.load(x + row[:, None] + k[None, :] * x_chan, mask=inside[:, None] & ins[None, :], other=0.0)
+            b = tl.load(w + n[None, :] * w_out + k[:, None] * w_in + j * w_tap, mask=ins[:, None] & outs[None, :],
+                        other=0.0)
+            # three TF32 products of the operands' high and low parts: float32's accuracy on the
+            # tensor cores (a single TF32 product rounds the operands to 10 bits)
+            acc = tl.dot(a, b, acc, input_precision="tf32x3")
+    acc += tl.load(bias + n, mask=outs, other=0.0)[None, :]
+    if ELU:
+        acc = _elu(acc)
+    tl.store(out + (r.to(tl.int64) * c_out)[:, None] + n[None, :], acc, mask=live[:, None] & outs[None, :])
+
+
+@triton_op("c2w::conv3_elu", mutates_args=())
+def conv3_elu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, elu: bool) -> torch.Tensor:
+    """One layer of HiFT's f0 predictor in one launch: x (b, T, c_in) float32, any strides (the mel
+    comes as its (b, 80, T) tensor's transposed view); weight (c_out, c_in, 3) and bias (c_out,)
+    float32, any strides, the weight best stored tap-major (`dit.tap_major_`, each tap's input
+    channels contiguous: in upstream's layout its reads do not coalesce, 5.5x slower on an H100 at
+    B=32 F=158, run 32) -> (b, T, c_out) contiguous: `F.elu(F.conv1d(x.transpose(1, 2), weight,
+    bias, padding=1)).transpose(1, 2)` (without the ELU if not `elu`), as an implicit product over
+    the three taps with float32 accuracy: TF32's three-product split (`tf32x3`), float32
+    accumulation. cuDNN's float32 convolutions (TF32 off, which the f0 predictor needs: its f0
+    sets the NSF phases) run on the CUDA cores."""
+    b, frames, c_in = x.shape
+    c_out = weight.shape[0]
+    out = torch.empty((b, frames, c_out), dtype=torch.float32, device=x.device)
+    rows = b * frames
+    tile = f0_tile(rows, c_out, multiprocessors(x.device))
+    grid = (triton.cdiv(rows, tile["BLOCK_M"]), triton.cdiv(c_out, tile["BLOCK_N"]))
+    wrap_triton(_conv3_elu_kernel)[grid](
+        x, weight, bias, out, rows, frames, c_in, c_out,
+        x.stride(0), x.stride(1), x.stride(2), weight.stride(0), weight.stride(1), weight.stride(2),
+        ELU=elu, **tile)
+    return out
+
+
+def conv3_fits(x: torch.Tensor, conv: torch.nn.Conv1d) -> bool:
+    """Whether `conv3_elu` takes x (b, T, c_in) through conv: float32 tensors on one device, a
+    k = 3 convolution with padding 1, stride 1, dilation 1, one group and a bias."""
+    return (x.dim() == 3 and x.dtype == conv.weight.dtype == torch.float32 and conv.bias is not None
+            and x.shape[2] == conv.in_channels and conv.kernel_size == (3,) and conv.padding == (1,)
+            and conv.stride == (1,) and conv.dilation == (1,) and conv.groups == 1
+            and x.device == conv.weight.device)

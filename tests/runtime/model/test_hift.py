@@ -371,3 +371,18 @@ def test_verification_inputs_keep_tf32_noise_within_the_engine_tolerance(monkeyp
         errs[key.id] = rel_l2(got, want)
     assert all(e < spec.tolerance(key) for e in errs.values()), errs
     assert all(e > 1e-4 for e in errs.values()), errs        # the rounding did reach the convolutions
+
+
+def test_sin_squared_by_multiply_adds_is_within_4e7_of_the_exact_value():
+    """Snake's GPU sine (hift.sin_squared_by_multiply_adds) against float64, over the arguments
+    Snake sees and beyond: |alpha x| up to 60 densely, tiny ones (where sin^2 ~ z^2, relative
+    error), and a few large ones up to 2^16."""
+    from c2w.runtime.model.hift import _sin_squared, sin_squared_by_multiply_adds
+    z = torch.cat([torch.linspace(-60, 60, 400_001), -torch.logspace(-8, 0, 500), torch.logspace(-8, 0, 500),
+                   torch.tensor([1e4, -3e4, 6e4])]).float()
+    got = sin_squared_by_multiply_adds(z).double()
+    want = torch.sin(z.double()) ** 2
+    assert (got - want).abs().max() < 4e-7
+    tiny = z.abs() < 1e-3
+    assert ((got - want).abs() / want)[tiny].max() < 1e-6
+    assert torch.equal(_sin_squared(z), torch.sin(z).pow(2))           # the CPU keeps torch.sin

@@ -1,10 +1,13 @@
-"""The DiT's Triton kernels against the PyTorch ops they replace: on the CPU under Triton's
-interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets), compiled where CUDA is.
+"""The model's Triton kernels (the DiT's, then HiFT's f0 predictor's) against the PyTorch ops they
+replace: on the CPU under Triton's interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets),
+compiled where CUDA is.
 
 Tolerances: float32 1e-5 absolute and relative on unit-scale values (the norms' float32
 arithmetic in another order); float16 2e-3 absolute and relative, a few float16 ulp at these
 values (each side rounds its float32 result once, from sums taken in another order). The values v
-and every cache slot not written must be bit-exact.
+and every cache slot not written must be bit-exact. The f0 predictor's kernel is held to float32's
+accuracy against float64: 2e-6 relative (its products are TF32's three-product split, which the
+interpreter computes in plain float32; sums of up to 1,536 terms).
 """
 import copy
 import os
@@ -13,11 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":   # tests/conftest.py sets it
     pytest.skip("no CUDA and Triton's interpreter is off (TRITON_INTERPRET is not 1)", allow_module_level=True)
 
-from c2w.runtime.model import dit, triton_kernels  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from c2w.runtime.model import dit, hift, triton_kernels  # noqa: E402
 from c2w.runtime.model.config import TINY  # noqa: E402
 from c2w.runtime.model.dit import Attention, CausalConvBlock, CFMSolver, DiT, modulate, parts  # noqa: E402
 from c2w.runtime.model.weights import init_random_  # noqa: E402
@@ -135,7 +140,7 @@ def test_in_place_euler_step_with_the_kernel_matches_the_ops(monkeypatch, dtype)
     dt = torch.tensor([0.1], device=DEVICE)
 
     def run(kernels):
-        monkeypatch.setattr(dit, "_triton_kernels", lambda t: kernels)
+        monkeypatch.setattr(dit, "triton_kernels_for", lambda t: kernels)
         bufs = copy.deepcopy(buffers)
         with torch.no_grad():
             x_next, cnn_next, _ = solver.step(mu, spk, cond, x, cnn, bufs, step, dt, att_slots=slots)
@@ -161,9 +166,9 @@ def test_in_place_euler_step_with_the_kernel_matches_the_ops(monkeypatch, dtype)
 
 
 def test_the_model_takes_the_kernel_on_cuda_only():
-    assert dit._triton_kernels(torch.zeros(1)) is None
+    assert dit.triton_kernels_for(torch.zeros(1)) is None
     if torch.cuda.is_available():
-        assert dit._triton_kernels(torch.zeros(1, device="cuda")) is triton_kernels
+        assert dit.triton_kernels_for(torch.zeros(1, device="cuda")) is triton_kernels
 
 
 def _conv_block(c=32, dtype=torch.float32, seed=4):
@@ -326,3 +331,93 @@ def test_attention_fits_only_float16_heads_side_by_side():
     assert not fits(torch.randn(2, 3, 2, 8, device=DEVICE, dtype=torch.float16),
                     torch.randn(2, 2, 5, 16, device=DEVICE, dtype=torch.float16))  # head size 8: below the products'
     assert not fits(q, kv.transpose(2, 3).contiguous().transpose(2, 3))        # values not side by side
+
+
+@triton.jit
+def _elu_of(x, y, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(y + i, triton_kernels._elu(tl.load(x + i)))
+
+
+def test_elu_matches_torch_to_a_few_ulp():
+    """The kernel's ELU (expm1 by Kahan's formula) against float64 expm1: tiny, moderate and large
+    negative inputs, zero and positive ones."""
+    x = torch.cat([-torch.logspace(-9, 2, 240, dtype=torch.float64), torch.tensor([0.0, 1e-8, 0.5, 3.0, 80.0],
+                                                                                    dtype=torch.float64)])
+    x = torch.cat([x, torch.zeros(256 - x.numel(), dtype=torch.float64)]).float().to(DEVICE)
+    y = torch.empty_like(x)
+    _elu_of[(1,)](x, y, N=256)
+    want = F.elu(x.double())
+    assert ((y.cpu().double() - want).abs() <= 4 * 2.0 ** -23 * want.abs().clamp(min=2.0 ** -126)).all()
+
+
+def _f0_conv(c_in, c_out, seed):
+    torch.manual_seed(seed)
+    conv = torch.nn.Conv1d(c_in, c_out, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.normal_(0, c_in ** -0.5 * 0.6)
+        conv.bias.normal_(0, 0.1)
+    return conv.to(DEVICE)
+
+
+@pytest.mark.parametrize("tile", ["F0_WIDE_TILE", "F0_NARROW_TILE"])
+@pytest.mark.parametrize("b, frames, c_in, c_out, tap_major, view, elu", [
+    (1, 4, 5, 20, False, False, True),       # fewer rows, input and output channels than one tile
+    (3, 29, 80, 130, True, True, True),      # the mel's (B, 80, F) transposed view; rows across sequences
+    (2, 70, 40, 24, True, False, False),     # more rows than one program's; no ELU
+])
+def test_conv3_elu_matches_conv1d_and_elu_in_float64(monkeypatch, tile, b, frames, c_in, c_out, tap_major, view,
+                                                     elu):
+    monkeypatch.setattr(triton_kernels, "f0_tile", lambda *a: getattr(triton_kernels, tile))
+    conv = _f0_conv(c_in, c_out, seed=b)
+    if tap_major:
+        dit.tap_major_(conv)
+    torch.manual_seed(7)
+    mel = torch.randn(b, c_in, frames, device=DEVICE)
+    x = mel.transpose(1, 2) if view else mel.transpose(1, 2).contiguous()
+    assert triton_kernels.conv3_fits(x, conv)
+    got = triton_kernels.conv3_elu(x, conv.weight, conv.bias, elu)
+    want = F.conv1d(mel.double(), conv.weight.double(), conv.bias.double(), padding=1)
+    want = (F.elu(want) if elu else want).transpose(1, 2)
+    assert got.shape == (b, frames, c_out) and got.is_contiguous()
+    assert rel_l2(got.double(), want) < 2e-6
+    # the frames at either end see zero padding, not the neighbouring sequence's frames
+    torch.testing.assert_close(got[:, [0, -1]].double(), want[:, [0, -1]], atol=1e-5, rtol=1e-5)
+
+
+def test_f0_tile_is_wide_where_its_programs_fill_the_gpu():
+    assert triton_kernels.f0_tile(32 * 158, 512, sms=132) is triton_kernels.F0_WIDE_TILE
+    assert triton_kernels.f0_tile(58, 512, sms=132) is triton_kernels.F0_NARROW_TILE
+    assert triton_kernels.f0_tile(8 * 58, 512, sms=132) is triton_kernels.F0_NARROW_TILE   # 32 wide programs
+
+
+def test_conv3_fits_only_the_f0_predictors_convolutions():
+    x = torch.randn(2, 9, 16, device=DEVICE)
+    assert triton_kernels.conv3_fits(x, _f0_conv(16, 8, 0))
+    assert not triton_kernels.conv3_fits(x.half(), _f0_conv(16, 8, 0))
+    assert not triton_kernels.conv3_fits(x, torch.nn.Conv1d(16, 8, 5, padding=2).to(DEVICE))
+    assert not triton_kernels.conv3_fits(x, torch.nn.Conv1d(16, 8, 3, padding=1, dilation=2).to(DEVICE))
+    assert not triton_kernels.conv3_fits(x, torch.nn.Conv1d(16, 8, 3, padding=1, bias=False).to(DEVICE))
+    assert not triton_kernels.conv3_fits(x, _f0_conv(12, 8, 0))
+
+
+def test_f0_predictor_takes_the_kernel_and_keeps_its_f0(monkeypatch):
+    """HiFT's f0 predictor through the kernel (each of its five convs with its ELU) against its
+    PyTorch ops, at the real widths (80 mel bins, 512 channels) on a short chunk."""
+    pred = hift.F0Predictor(80, 512)
+    init_random_(pred, seed=11)
+    pred = pred.to(DEVICE)
+    torch.manual_seed(8)
+    mel = torch.randn(2, 80, 12, device=DEVICE)
+    calls = []
+    counting = type("Kernels", (), {"conv3_fits": staticmethod(triton_kernels.conv3_fits),
+                                    "conv3_elu": staticmethod(lambda *a: calls.append(1) or triton_kernels.conv3_elu(*a))})
+    monkeypatch.setattr(hift, "triton_kernels_for", lambda t: counting)
+    with torch.no_grad():
+        fused = pred(mel)
+        monkeypatch.setattr(hift, "triton_kernels_for", lambda t: None)
+        ops = pred(mel)
+        want = pred.double()(mel.double())
+    assert len(calls) == 5
+    assert pred.condnet[2].weight.is_contiguous()                          # upstream's layout kept
+    assert rel_l2(fused.double(), want) < 2e-6 and rel_l2(ops.double(), want) < 2e-6
