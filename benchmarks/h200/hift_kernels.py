@@ -45,7 +45,7 @@ from c2w.runtime.model import triton_kernels as K  # noqa: E402
 from c2w.runtime.units import rel_l2  # noqa: E402
 
 # the first two for B=32's 5,056 rows, the last two for B=1's 58 (more, narrower programs); run 32's
-# first call timed nine more (all slower at both keys)
+# first call timed these and five more (all slower at both keys)
 TILES = "64x128x32x4x3,128x128x32x8x3,16x32x64x2x3,16x64x64x4x3"
 
 
