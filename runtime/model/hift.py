@@ -135,9 +135,9 @@ def sin_squared_by_multiply_adds(z: torch.Tensor) -> torch.Tensor:
 
 def _sin_squared(z: torch.Tensor) -> torch.Tensor:
     """Snake's sin(z)^2: on CUDA outside an ONNX export `sin_squared_by_multiply_adds`, which
-    Inductor fuses into the kernels around Snake (its sin is libdevice's, whose argument reduction
-    left HiFT's Snake kernels compute-bound: benchmarks/h200/README.md, run 32); elsewhere
-    torch.sin, which the step-audio2 oracle parity holds on the CPU."""
+    Inductor fuses into the kernels around Snake (with torch.sin, libdevice's sin with its
+    argument reduction, those kernels ran slower than their bytes allow: benchmarks/h200/README.md,
+    run 32); elsewhere torch.sin, which the step-audio2 oracle parity holds on the CPU."""
     if not z.is_cuda or torch.onnx.is_in_onnx_export():
         return torch.sin(z).pow(2)
     return sin_squared_by_multiply_adds(z)
