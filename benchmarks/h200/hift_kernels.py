@@ -6,8 +6,8 @@ The f0 predictor (five k=3 convs of 512 channels with ELU, a linear head) must s
 accuracy: its f0 sets the NSF phases (runtime/model/hift.py, "Precision note"). With TF32 off,
 cuDNN runs those convolutions on the CUDA cores; run 18c's kernel table of the B=32 F=158 HiFT put
 five float32 fprop kernels at 1.28 of its 12.4 ms. The kernel computes each conv as TF32's
-three-product split on the tensor cores. Snake's kernels (about 4 ms there) read 4-12 bytes per
-element at about half the memory bandwidth: their sine's argument reduction is the suspect.
+three-product split on the tensor cores. Snake's kernels (about 4 ms there) ran slower than
+their bytes allow; the suspect is their sine's argument reduction.
 This script measures, at the steady key B=32 F=158 and at B=1 F=58 (`--cases`):
 
 1. the f0 predictor alone, under one CUDA graph: PyTorch's ops (cuDNN, TF32 off, cudnn.benchmark
@@ -114,7 +114,6 @@ def main() -> None:
     # 1. the f0 predictor alone
     for name, (mel, *_rest) in cases:
         want = pred64(mel.double())
-        rows = []
 
         def add(variant, fn, **extra):
             f0 = fn(mel)
@@ -122,7 +121,6 @@ def main() -> None:
                    "f0_rel_l2_vs_f64": rel_l2(f0.double(), want),
                    "f0_max_rel_vs_f64": float(((f0.double() - want).abs() / want.abs().clamp(min=1.0)).max()),
                    **timing(fn, (mel,), dev, a)}
-            rows.append(row)
             res["f0_alone"].append(row)
             print(f"[{time.perf_counter() - t0:6.1f}s] {name} {variant:28s} graph "
                   f"{row.get('graph', row['direct'])['median_ms'] * 1e3:8.1f} us  f0 rel-L2 {row['f0_rel_l2_vs_f64']:.2e}",
