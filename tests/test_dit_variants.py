@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from benchmarks.h200.cfm_profile import (attention_with_lse, bthd_attention_forward, explicit_attention_with_lse,
                                          split_attention_forward)
 from benchmarks.h200.conv_variants import frame_conv, per_tap_conv
-from c2w.runtime.model.dit import Attention, CausalConvBlock
+from c2w.runtime.model.dit import Attention, CausalConvBlock, conv_by_product
 
 TOL = dict(rtol=1e-5, atol=1e-5)     # float32: only the order of the sums differs
 
@@ -18,7 +18,7 @@ def test_the_convolution_forms_before_run_17_are_the_models_function():
     conv = blk.block[1]
     h = torch.randn(3, 9 + 2, 16)                                  # (b, T + k - 1, c)
     want = F.conv1d(h.transpose(1, 2), conv.weight, conv.bias).transpose(1, 2)
-    for form in (frame_conv, per_tap_conv, blk._conv):
+    for form in (frame_conv, per_tap_conv, conv_by_product):
         got = form(conv, h)
         assert got.shape == (3, 9, 16)
         torch.testing.assert_close(got, want, **TOL)

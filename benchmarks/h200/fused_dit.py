@@ -41,7 +41,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from c2w.runtime.model.dit import DiT, DiTBlock, FinalLayer, modulate, parts  # noqa: E402
+from c2w.runtime.model.dit import DiT, DiTBlock, FinalLayer, conv_by_product, modulate, parts  # noqa: E402
 
 # prologue applied to each input row before the product
 NO_PROLOGUE, LN_MODULATE, LN_MISH = 0, 1, 2
@@ -265,7 +265,7 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
                     p0=shift_conv, p1=scale_conv, eps=block.norm3.eps, taps=taps, cache=c1, frames=t)
         m3_tail = modulate(block.norm3(x[:, -ctx:]), shift_conv, scale_conv)
     else:
-        y1 = conv._conv(conv1, torch.cat([c1.transpose(1, 2), m3], dim=1))
+        y1 = conv_by_product(conv1, torch.cat([c1.transpose(1, 2), m3], dim=1))
         m3_tail = m3[:, -ctx:]
     if "conv2" in tiles:
         x2 = linear(y1, conv2.weight.permute(0, 2, 1).flatten(1), conv2.bias, tiles["conv2"], prologue=LN_MISH,
@@ -274,7 +274,7 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
         mish_tail = conv.block[4](norm(y1[:, -ctx:]))
     else:
         mished = conv.block[4](norm(y1))
-        x2 = x + gate_conv * conv._conv(conv2, torch.cat([c2.transpose(1, 2), mished], dim=1))
+        x2 = x + gate_conv * conv_by_product(conv2, torch.cat([c2.transpose(1, 2), mished], dim=1))
         mish_tail = mished[:, -ctx:]
     # the new conv cache: the last two frames of each convolution's input, as the block computes them
     h1 = torch.cat([c1.transpose(1, 2), m3_tail], dim=1)

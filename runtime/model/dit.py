@@ -33,9 +33,45 @@ def tap_major_(conv: nn.Module) -> None:
 def taps_outer_(conv: nn.Module) -> None:
     """Store conv.weight (c_out, c_in, k) in (k, c_out, c_in) memory order, values unchanged, so
     that `weight.permute(2, 0, 1).reshape(-1, c_in)`, one tap's weights after the other, is a view
-    (CausalConvBlock._conv)."""
+    (conv_by_product)."""
     w = conv.weight
     conv.weight = nn.Parameter(w.detach().permute(2, 0, 1).contiguous().permute(1, 2, 0), requires_grad=w.requires_grad)
+
+
+def conv_by_product(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+    """Valid conv1d over time of h (b, T + k - 1, c_in) -> (b, T, c_out), as one matrix product
+    (no cuDNN convolution: given the (b, T, c) layout the blocks around it use, cuDNN converted
+    input and weight to NHWC on every call, benchmarks/h200/README.md).
+
+    The product reads every row of h as it is, against the weight viewed as (k * c_out, c_in),
+    so that output feature j * c_out + o is tap j of channel o; output frame t sums tap j at row
+    t + j. The shifted sum is pointwise and fuses into the kernel that reads the convolution's
+    output, which reads each tap's c_out values side by side (design note 25). The product has
+    k - 1 rows more per sequence than the output (+1.3 % at T=150). With the weight stored
+    taps-outer (`taps_outer_`) its (k * c_out, c_in) view is free; in another order it costs a
+    copy per call.
+    One form for every shape, static or dynamic. It replaced two earlier ones, both of which
+    made Inductor copy shifted slices of h contiguous before the products (three copies per
+    convolution for the per-tap form, evaluating the Mish before the DiT's second convolution three
+    times over; one three-wide frame copy for the frame form): a
+    product over the frames [t, t + k) side by side, and one product per tap. On the H200
+    depth-2 proxy (benchmarks/h200/README.md, run 17a): B=32 T=150 11.50 -> 10.63 ms per
+    solve under graphs (11.57 -> 10.32 without), B=1 2.02 -> 1.82 ms."""
+    k = conv.kernel_size[0]
+    t = h.shape[1] - k + 1
+    taps = conv_taps(conv, h)
+    y = taps[:, 0:t, 0] + conv.bias
+    for j in range(1, k):
+        y = y + taps[:, j:j + t, j]
+    return y
+
+
+def conv_taps(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+    """The product of `conv_by_product`: h (b, T + k - 1, c_in) -> (b, T + k - 1, k, c_out), tap j
+    of channel o at [..., j, o] (the product's output as it is: each tap's c_out values side by side)."""
+    k = conv.kernel_size[0]
+    w = conv.weight.permute(2, 0, 1)                                        # (k, c_out, c_in), a view
+    return F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (k, w.shape[1]))
 
 
 def parts(x: torch.Tensor, n: int, dim: int) -> list[torch.Tensor]:
@@ -231,7 +267,7 @@ class CausalConvBlock(nn.Module):
     uses, not as a cuDNN convolution: on the H200, cuDNN converted input and weight to NHWC on
     every call, and the two convolutions took 37 % of the B=1 CFM's kernel time
     (benchmarks/h200/README.md). The product is over the input rows as they are, against the k
-    taps' weights side by side; the taps' outputs are then summed, shifted (`_conv`). Same
+    taps' weights side by side; the taps' outputs are then summed, shifted (`conv_by_product`). Same
     function, same parameters.
 
     The taps' weights one after the other are a view when each conv weight keeps upstream's shape
@@ -253,57 +289,26 @@ class CausalConvBlock(nn.Module):
         for i in (1, 6):
             taps_outer_(self.block[i])
 
-    def _conv(self, conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
-        """Valid conv1d over time of h (b, T + k - 1, c) -> (b, T, c_out), as one product.
-
-        The product reads every row of h as it is, against the weight viewed as (k * c_out, c_in),
-        so that output feature j * c_out + o is tap j of channel o; output frame t sums tap j at row
-        t + j. The shifted sum is pointwise and fuses into the kernel that reads the convolution's
-        output, which reads each tap's c_out values side by side (design note 25). The product has
-        k - 1 rows more per sequence than the output (+1.3 % at T=150).
-        One form for every shape, static or dynamic. It replaced two earlier ones, both of which
-        made Inductor copy shifted slices of h contiguous before the products (three copies per
-        convolution for the per-tap form, evaluating the Mish before the second convolution three
-        times over; one three-wide frame copy for the frame form): a
-        product over the frames [t, t + k) side by side, and one product per tap. On the H200
-        depth-2 proxy (benchmarks/h200/README.md, run 17a): B=32 T=150 11.50 -> 10.63 ms per
-        solve under graphs (11.57 -> 10.32 without), B=1 2.02 -> 1.82 ms."""
-        k = conv.kernel_size[0]
-        t = h.shape[1] - k + 1
-        taps = self._taps(conv, h)
-        y = taps[:, 0:t, 0] + conv.bias
-        for j in range(1, k):
-            y = y + taps[:, j:j + t, j]
-        return y
-
-    @staticmethod
-    def _taps(conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
-        """The product of `_conv`: h (b, T + k - 1, c_in) -> (b, T + k - 1, k, c_out), tap j of
-        channel o at [..., j, o] (the product's output as it is: each tap's c_out values side by side)."""
-        k = conv.kernel_size[0]
-        w = conv.weight.permute(2, 0, 1)                                        # (k, c_out, c_in), a view
-        return F.linear(h, w.reshape(-1, w.shape[2])).unflatten(-1, (k, w.shape[1]))
-
     def second_taps(self, kernels, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` up to its second convolution's product, with c2w's Triton kernel after the
-        first (triton_kernels.conv_norm_mish) -> that product's taps (`_taps`), the new cache."""
+        first (triton_kernels.conv_norm_mish) -> that product's taps (`conv_taps`), the new cache."""
         c1, c2 = parts(cnn_cache, 2, 1)
         h = torch.cat([c1.transpose(1, 2), x], dim=1)
         new1 = h[:, -self.context:]
         conv, norm = self.block[1], self.block[3]
-        h = kernels.conv_norm_mish(self._taps(conv, h), conv.bias, norm.weight, norm.bias, float(norm.eps), c2)
+        h = kernels.conv_norm_mish(conv_taps(conv, h), conv.bias, norm.weight, norm.bias, float(norm.eps), c2)
         new2 = h[:, -self.context:]
-        return self._taps(self.block[6], h), torch.cat([new1, new2], dim=2).transpose(1, 2)
+        return conv_taps(self.block[6], h), torch.cat([new1, new2], dim=2).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, cnn_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (b, T, c); cnn_cache: (b, 2c, 2) -> y (b, T, c), new cache (b, 2c, 2)."""
         c1, c2 = parts(cnn_cache, 2, 1)                                         # (b, c, 2) each
         h = torch.cat([c1.transpose(1, 2), x], dim=1)                           # (b, T + 2, c)
         new1 = h[:, -self.context:]
-        h = self.block[4](self.block[3](self._conv(self.block[1], h)))
+        h = self.block[4](self.block[3](conv_by_product(self.block[1], h)))
         h = torch.cat([c2.transpose(1, 2), h], dim=1)
         new2 = h[:, -self.context:]
-        return self._conv(self.block[6], h), torch.cat([new1, new2], dim=2).transpose(1, 2)
+        return conv_by_product(self.block[6], h), torch.cat([new1, new2], dim=2).transpose(1, 2)
 
 
 class MLP(nn.Module):

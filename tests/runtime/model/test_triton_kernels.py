@@ -24,7 +24,7 @@ import triton.language as tl  # noqa: E402
 
 from c2w.runtime.model import dit, hift, triton_kernels  # noqa: E402
 from c2w.runtime.model.config import TINY  # noqa: E402
-from c2w.runtime.model.dit import Attention, CausalConvBlock, CFMSolver, DiT, modulate, parts  # noqa: E402
+from c2w.runtime.model.dit import Attention, CausalConvBlock, CFMSolver, DiT, conv_taps, modulate, parts  # noqa: E402
 from c2w.runtime.model.weights import init_random_  # noqa: E402
 from c2w.runtime.units import rel_l2  # noqa: E402
 
@@ -207,7 +207,7 @@ def test_conv_kernels_match_the_conv_block_and_the_norm_after_it(dtype, b, frame
 
     c1, c2 = parts(cache, 2, 1)
     h1 = torch.cat([c1.transpose(1, 2), x_in], dim=1)
-    taps1 = blk._taps(blk.block[1], h1)
+    taps1 = conv_taps(blk.block[1], h1)
     y = F.layer_norm(tap_sum(taps1, f32["block.1.bias"]), (c,), f32["block.3.weight"], f32["block.3.bias"], ln.eps)
     mid_ref = torch.cat([c2.transpose(1, 2), F.mish(y).to(dtype)], dim=1)
     assert triton_kernels.conv_fits(x_in, mod, cache, blk, norm2)
@@ -234,7 +234,7 @@ def test_conv_kernels_read_the_taps_in_either_memory_order():
     torch.manual_seed(6)
     h1 = torch.randn(b, frames + 2, c, device=DEVICE)
     cache = torch.randn(b, c, 2, device=DEVICE)
-    taps = blk._taps(blk.block[1], h1)
+    taps = conv_taps(blk.block[1], h1)
     outer = taps.contiguous()                                         # each tap's channels side by side
     major = taps.transpose(2, 3).contiguous().transpose(2, 3)         # each channel's taps side by side
     assert outer.stride() != major.stride()
