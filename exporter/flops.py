@@ -49,15 +49,17 @@ def _conformer_block(cfg: ModelConfig, B: int, queries: int, keys: int) -> int:
 def flow_encoder_flops(cfg: ModelConfig, key: ShapeKey) -> int:
     """Embedding projection over N tokens, the lookahead convs, `blocks` blocks at 25 Hz over
     T1 = N - 3 (N when last) frames with C/2 cached, the x2 upsample conv and projection, `up_blocks`
-    blocks at 50 Hz over T = 2 T1 with C cached, the projection to mel bins."""
+    blocks at 50 Hz over T = 2 T1 with C cached, the projection to mel bins. Each conv of kernel k
+    is one product of all its taps over its T + k - 1 input rows (dit.conv_by_product)."""
     B, N, C, last = key.dim("B"), key.dim("N"), key.dim("C"), key.dim("last")
     e = cfg.encoder
     t1 = N if last else N - e.pre_lookahead
     t = e.up_stride * t1
+    k1, k_up = e.pre_lookahead + 1, 2 * e.up_stride + 1
     return (_linear(B * N, e.width, e.width)
-            + _linear(B * t1, e.width * (e.pre_lookahead + 1), e.width) + _linear(B * t1, 3 * e.width, e.width)
+            + _linear(B * (t1 + k1 - 1), e.width, k1 * e.width) + _linear(B * (t1 + 2), e.width, 3 * e.width)
             + e.blocks * _conformer_block(cfg, B, t1, C // 2 + t1)
-            + _linear(B * t, e.width * (2 * e.up_stride + 1), e.width) + _linear(B * t, e.width, e.width)
+            + _linear(B * (t + k_up - 1), e.width, k_up * e.width) + _linear(B * t, e.width, e.width)
             + e.up_blocks * _conformer_block(cfg, B, t, C + t)
             + _linear(B * t, e.width, cfg.mel_bins))
 

@@ -332,7 +332,9 @@ SPECS: dict[str, UnitSpec] = {
         dynamic_axes=_enc_dynamic,
         graph_variant=lambda k: "flow_encoder-last" if k.dim("last") else "flow_encoder",
         # 1: from 512 rows the attention is one fused call (runtime.model.encoder.FUSED_ATTENTION_ROWS)
-        revisions={"aoti": 1, "onnxruntime": 1, "tensorrt": 1}),
+        # 2: the three convolutions as one product each in the (B, T, D) layout, their weights
+        # stored taps-outer (dit.conv_by_product, as the DiT's since its revision 2)
+        revisions={"aoti": 2, "onnxruntime": 2, "tensorrt": 2}),
     "cfm": UnitSpec(
         name="cfm", dim_names=("B", "T", "L"),
         output_names=("mel", "new_cnn_cache", "new_att_cache"),

@@ -41,7 +41,7 @@ from torch import nn
 
 from c2w.runtime.errors import C2WUserError, check_shape
 from c2w.runtime.model.config import EncoderConfig
-from c2w.runtime.model.dit import PackedQKV
+from c2w.runtime.model.dit import PackedQKV, conv_by_product, taps_outer_
 
 # espnet's relative positional table covers relative offsets -(MAX_POS-1) .. +(MAX_POS-1); upstream
 # builds it once for 5000 positions and never grows it in the streaming path, so neither do we.
@@ -77,13 +77,19 @@ class _Projection(nn.Module):
 
 
 class _LookaheadConv(nn.Module):
-    """Right-context conv over `lookahead` future tokens, then a causal k=3 conv, plus residual."""
+    """Right-context conv over `lookahead` future tokens, then a causal k=3 conv, plus residual.
+
+    Both convolutions run as one matrix product each in the (B, T, D) layout of the blocks around
+    them (dit.conv_by_product, weights stored taps-outer), as the DiT's do: as cuDNN convolutions
+    over (B, D, T) they took two layout conversions each per call."""
 
     def __init__(self, width: int, lookahead: int):
         super().__init__()
         self.lookahead = lookahead
         self.conv1 = nn.Conv1d(width, width, kernel_size=lookahead + 1)
         self.conv2 = nn.Conv1d(width, width, kernel_size=_LOOKAHEAD_CONV_CACHE + 1)
+        taps_outer_(self.conv1)
+        taps_outer_(self.conv2)
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, N, D) with the lookahead frames at the end; cache: (B, D, 2).
@@ -92,30 +98,32 @@ class _LookaheadConv(nn.Module):
         The new cache is the tail of [old cache ; new conv1 frames]. Upstream takes the tail of the
         new frames alone; the two agree whenever a chunk emits >= 2 frames, and for a 1-frame chunk
         upstream would return a malformed (B, D, 1) cache."""
-        a = F.leaky_relu(self.conv1(x.transpose(1, 2)), negative_slope=0.01)   # (B, D, N - lookahead)
-        a = torch.cat([cache, a], dim=2)
-        new_cache = a[:, :, a.shape[2] - _LOOKAHEAD_CONV_CACHE:]
-        y = self.conv2(a).transpose(1, 2)                                       # (B, N - lookahead, D)
+        a = F.leaky_relu(conv_by_product(self.conv1, x), negative_slope=0.01)   # (B, N - lookahead, D)
+        a = torch.cat([cache.transpose(1, 2), a], dim=1)
+        new_cache = a[:, a.shape[1] - _LOOKAHEAD_CONV_CACHE:].transpose(1, 2)
+        y = conv_by_product(self.conv2, a)                                      # (B, N - lookahead, D)
         return y + x[:, : x.shape[1] - self.lookahead], new_cache
 
 
 class _Upsample(nn.Module):
-    """Nearest-neighbour x`stride` repeat, then a causal conv of kernel 2*stride+1."""
+    """Nearest-neighbour x`stride` repeat, then a causal conv of kernel 2*stride+1 (one product in
+    the (B, T, D) layout, as _LookaheadConv's)."""
 
     def __init__(self, width: int, stride: int):
         super().__init__()
         self.stride = stride
         self.conv = nn.Conv1d(width, width, kernel_size=2 * stride + 1)
+        taps_outer_(self.conv)
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, D, T1); cache: (B, D, 2*stride) of already-upsampled frames.
-        Returns (B, D, stride*T1) and the new cache."""
-        b, d, t = x.shape
+        """x: (B, T1, D); cache: (B, D, 2*stride) of already-upsampled frames.
+        Returns (B, stride*T1, D) and the new cache."""
+        b, t, d = x.shape
         # repeat-each-frame as expand+reshape: exact, and lowers to plain Expand/Reshape (no Resize).
-        up = x.unsqueeze(3).expand(b, d, t, self.stride).reshape(b, d, t * self.stride)
-        up = torch.cat([cache, up], dim=2)
+        up = x.unsqueeze(2).expand(b, t, self.stride, d).reshape(b, t * self.stride, d)
+        up = torch.cat([cache.transpose(1, 2), up], dim=1)
         keep = 2 * self.stride
-        return self.conv(up), up[:, :, up.shape[2] - keep:]
+        return conv_by_product(self.conv, up), up[:, up.shape[1] - keep:].transpose(1, 2)
 
 
 # From this many rows (batch x queries) a block attends in one fused call, the position scores
@@ -349,8 +357,8 @@ class ConformerEncoder(nn.Module):
             x, c = block(x, rel_pos, cache)
             first.append(c)
 
-        x, new_cnn2 = self.up_layer(x.transpose(1, 2), cnn2)
-        x = self.up_embed(x.transpose(1, 2))                                    # (B, T, D)
+        x, new_cnn2 = self.up_layer(x, cnn2)
+        x = self.up_embed(x)                                                    # (B, T, D)
 
         t = x.shape[1]
         rel_pos = self._rel_pos(t, 2 * half + t, x.dtype)                      # keys: C + T

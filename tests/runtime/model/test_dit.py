@@ -10,7 +10,7 @@ pytest.importorskip("cosyvoice2")   # the step-audio2 oracle (README, command 2)
 
 from c2w.runtime.model.config import FULL, TINY
 from c2w.runtime.model.dit import MLP, Attention, CausalConvBlock, DiT, CFMSolver, euler_schedule
-from c2w.runtime.model.encoder import _RelPosSelfAttention
+from c2w.runtime.model.encoder import _LookaheadConv, _RelPosSelfAttention, _Upsample
 from c2w.runtime.model.weights import init_random_
 from c2w.runtime.units import rel_l2
 from tests.oracle import oracle_cfm, oracle_dit
@@ -198,19 +198,25 @@ def test_fp16_causal_conv_block_stays_within_rounding_of_float64():
     assert rel_l2(got, want) <= 1e-3
 
 
-def test_conv_weights_keep_upstream_shape_and_taps_outer_storage():
-    blk = CausalConvBlock(16)
-    sd = {k: v.contiguous().clone() for k, v in blk.state_dict().items()}
-    assert tuple(sd["block.1.weight"].shape) == (16, 16, 3)          # upstream's Conv1d shape
-    fresh = CausalConvBlock(16)
+@pytest.mark.parametrize("make, convs, k", [
+    (lambda: CausalConvBlock(16), ("block.1", "block.6"), (3, 3)),
+    (lambda: _LookaheadConv(16, 3), ("conv1", "conv2"), (4, 3)),
+    (lambda: _Upsample(16, 2), ("conv",), (5,)),
+], ids=["dit", "encoder-lookahead", "encoder-upsample"])
+def test_conv_weights_keep_upstream_shape_and_taps_outer_storage(make, convs, k):
+    """The convolutions that run as one product (dit.conv_by_product), the DiT's and the flow encoder's."""
+    sd = {n: v.contiguous().clone() for n, v in make().state_dict().items()}
+    for name, taps in zip(convs, k):
+        assert tuple(sd[f"{name}.weight"].shape) == (16, 16, taps)     # upstream's Conv1d shape
+    fresh = make()
     fresh.load_state_dict(sd)                                        # a contiguous checkpoint
     for convert in (lambda m: m, lambda m: m.to(torch.float64), lambda m: m.half()):
         m = convert(fresh)
-        for i in (1, 6):
-            w = m.block[i].weight
+        for name in convs:
+            w = m.get_submodule(name).weight
             assert w.permute(2, 0, 1).is_contiguous()                 # the products read views
-            assert torch.equal(w, sd[f"block.{i}.weight"].to(w.dtype))
-        assert m.block[1].weight.requires_grad                       # a parameter like the others
+            assert torch.equal(w, sd[f"{name}.weight"].to(w.dtype))
+            assert w.requires_grad                                   # a parameter like the others
 
 
 @pytest.mark.parametrize("make, keys", [

@@ -245,9 +245,11 @@ def test_torch_export_matches_eager(tiny, last):
     ep = torch.export.export(step, args, strict=False)
     sig = ep.graph_signature
     assert not sig.buffers_to_mutate and not sig.user_inputs_to_mutate
-    # per block q/k/v (one product), out, pos, and the feed-forward's two; embed and up_embed one each
+    # per block q/k/v (one product), out, pos, and the feed-forward's two; embed and up_embed one
+    # each; the three convolutions one each (dit.conv_by_product), so no convolution op is left
     linears = sum(n.target is torch.ops.aten.linear.default for n in ep.graph.nodes)
-    assert linears == 5 * (TINY.encoder.blocks + TINY.encoder.up_blocks) + 2
+    assert linears == 5 * (TINY.encoder.blocks + TINY.encoder.up_blocks) + 2 + 3
+    assert not [n for n in ep.graph.nodes if n.op == "call_function" and "conv" in str(n.target)]
     with torch.no_grad():
         got, ref = ep.module()(*args), step(*args)
     assert got[0].shape == (1, ours.output_frames(28, last), TINY.encoder.width)
