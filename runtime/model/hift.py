@@ -180,11 +180,14 @@ class F0Predictor(nn.Module):
     On CUDA (outside an ONNX export) each conv with its ELU is one Triton kernel with float32's
     accuracy on the tensor cores (runtime.model.triton_kernels.conv3_elu), over (B, F, C) rows;
     cuDNN's float32 convolutions, TF32 off, took 1.28 ms of the B=32 F=158 HiFT's 12.4 ms of kernel
-    time on the H200 (benchmarks/h200/README.md, run 18c; the kernel: run 32). The weights keep
-    upstream's (c_out, c_in, 3) layout, which torch CPU's oracle parity holds (stored in another
-    order, its float32 convolutions round differently, and the NSF phases turn that into 2e-4 of
-    the speech; the bound is 1e-4); the kernel is handed a tap-major copy, which its reads
-    coalesce on (five copies of 3 MiB at most per call).
+    time on the H200 (benchmarks/h200/README.md, run 18c; the kernel: run 32). The kernel's weight
+    reads coalesce only in tap-major order ((c_out, 3, c_in) memory), 5.5x faster than in upstream's
+    (run 32a). Under the float16 policy the weights are stored so (`HiftVocoder.set_precision`) and
+    read as they are; under float32 they keep upstream's layout, which torch CPU's oracle parity
+    holds (stored in another order, its float32 convolutions round differently, and the NSF phases
+    turn that into 2e-4 of the speech; the bound is 1e-4), and the kernel is handed a tap-major
+    copy (five copies of 3 MiB at most per call). Without the kernel, PyTorch's convolutions get
+    upstream's layout either way, so f0 and the NSF source are the same bits under both policies.
     """
 
     def __init__(self, in_channels: int, channels: int):
@@ -200,10 +203,10 @@ class F0Predictor(nn.Module):
         h = mel.transpose(1, 2)                            # (B, F, 80), a view
         for conv, elu in zip(self.condnet[::2], self.condnet[1::2]):
             if kernels is not None and kernels.conv3_fits(h, conv):
-                tap_major = conv.weight.transpose(1, 2).contiguous().transpose(1, 2)
+                tap_major = conv.weight.transpose(1, 2).contiguous().transpose(1, 2)   # a view if stored so
                 h = kernels.conv3_elu(h, tap_major, conv.bias, True)
-            else:
-                h = elu(conv(h.transpose(1, 2))).transpose(1, 2)
+            else:       # upstream's layout whatever the storage: the float32 bits of the oracle parity
+                h = elu(conv._conv_forward(h.transpose(1, 2), conv.weight.contiguous(), conv.bias)).transpose(1, 2)
         return self.classifier(h).squeeze(-1).abs()        # (B, F)
 
 
@@ -448,8 +451,11 @@ class HiftVocoder(nn.Module):
                                f"one of {[str(d).removeprefix('torch.') for d in PRECISIONS]} ({why})")
         for m in self.precision_modules():
             m.to(dtype)
+        # float16: each weight in the order its reader takes as it is, the conv stack's channels-last
+        # convolutions and the f0 predictor's kernel (F0Predictor); float32: upstream's layout
+        for m in self.precision_modules() + list(self.f0_predictor.condnet[::2]):
             if dtype == torch.float16:
-                tap_major_(m)                         # read as it is by the channels-last convolution
+                tap_major_(m)
             else:
                 m.weight.data = m.weight.data.contiguous()
         return self

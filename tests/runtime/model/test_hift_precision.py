@@ -115,20 +115,26 @@ def test_the_unit_spec_supports_exactly_the_models_precisions():
 
 def test_float16_weights_are_stored_for_the_channels_last_convolutions_and_keep_that_order(models):
     """Under float16 each conv weight (a, b, k) is stored in (a, k, b) memory order so that cuDNN
-    reads `weight.unsqueeze(2)` as the channels-last weight it is; loading a contiguous
-    checkpoint and moving the model keep the order; under float32 the weights are contiguous
-    again (the oracle parity's layout)."""
+    reads `weight.unsqueeze(2)` as the channels-last weight it is, and so is each float32 weight
+    of the f0 predictor, which its kernel reads tap-major; loading a contiguous checkpoint and
+    moving the model keep the order; under float32 the weights are contiguous again (the oracle
+    parity's layout)."""
     h32, h16 = models
     fresh = HiftVocoder(h32.cfg).set_precision(torch.float16)
     fresh.load_state_dict({k: v.contiguous().clone() for k, v in h16.state_dict().items()})
     buf = io.BytesIO()
     torch.save(fresh, buf)
     buf.seek(0)
+    f0_convs = lambda h: list(h.f0_predictor.condnet[::2])            # noqa: E731
     for copy in (fresh, copy_module.deepcopy(fresh), torch.load(buf, weights_only=False)):
         for m in copy.precision_modules():
             assert m.weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last), m
             assert m.weight.permute(0, 2, 1).is_contiguous()
-    assert all(m.weight.is_contiguous() for m in fresh.set_precision(torch.float32).precision_modules())
+        for m in f0_convs(copy):
+            assert m.weight.dtype == torch.float32 and m.weight.permute(0, 2, 1).is_contiguous(), m
+    assert torch.equal(fresh.f0_predictor.condnet[2].weight, h16.f0_predictor.condnet[2].weight)
+    fresh.set_precision(torch.float32)
+    assert all(m.weight.is_contiguous() for m in fresh.precision_modules() + f0_convs(fresh))
 
 
 def test_the_model_loaded_at_a_float16_hift_policy_stores_the_weights_so():
