@@ -403,10 +403,14 @@ def test_conv3_fits_only_the_f0_predictors_convolutions():
 
 def test_f0_predictor_takes_the_kernel_and_keeps_its_f0(monkeypatch):
     """HiFT's f0 predictor through the kernel (each of its five convs with its ELU) against its
-    PyTorch ops, at the real widths (80 mel bins, 512 channels) on a short chunk."""
+    PyTorch ops, at the real widths (80 mel bins, 512 channels) on a short chunk; with the
+    weights stored tap-major, as the float16 policy stores them, each path gives the same bits."""
     pred = hift.F0Predictor(80, 512)
     init_random_(pred, seed=11)
     pred = pred.to(DEVICE)
+    stored_tap_major = copy.deepcopy(pred)
+    for conv in stored_tap_major.condnet[::2]:
+        dit.tap_major_(conv)
     torch.manual_seed(8)
     mel = torch.randn(2, 80, 12, device=DEVICE)
     calls = []
@@ -414,10 +418,11 @@ def test_f0_predictor_takes_the_kernel_and_keeps_its_f0(monkeypatch):
                                     "conv3_elu": staticmethod(lambda *a: calls.append(1) or triton_kernels.conv3_elu(*a))})
     monkeypatch.setattr(hift, "triton_kernels_for", lambda t: counting)
     with torch.no_grad():
-        fused = pred(mel)
+        fused, fused_tap_major = pred(mel), stored_tap_major(mel)
         monkeypatch.setattr(hift, "triton_kernels_for", lambda t: None)
-        ops = pred(mel)
+        ops, ops_tap_major = pred(mel), stored_tap_major(mel)
         want = pred.double()(mel.double())
-    assert len(calls) == 5
+    assert len(calls) == 10
+    assert torch.equal(fused_tap_major, fused) and torch.equal(ops_tap_major, ops)
     assert pred.condnet[2].weight.is_contiguous()                          # upstream's layout kept
     assert rel_l2(fused.double(), want) < 2e-6 and rel_l2(ops.double(), want) < 2e-6
