@@ -11,15 +11,18 @@ their bytes allow; the suspect is their sine's argument reduction.
 This script measures, at the steady key B=32 F=158 and at B=1 F=58 (`--cases`):
 
 1. the f0 predictor alone, under one CUDA graph: PyTorch's ops (cuDNN, TF32 off, cudnn.benchmark
-   off and on), the same with TF32 on (fast, not accurate enough: for reference), and the kernel
-   at each tile of `--tiles` (as the product calls it: handed tap-major copies of the weights);
-   f0's relative error against float64 for each;
+   off and on), the same with TF32 on (fast, not accurate enough: for reference), the kernel
+   at each tile of `--tiles` (handed tap-major copies of the weights, as under the float32
+   policy), and the kernel at the product's tile reading weights stored tap-major (as the float16
+   policy stores them since HiFT's AOTI revision 4: no copies); f0's relative error against
+   float64 for each;
 2. whole HiFT (float32 policy, eager, TF32 off), speech SNR against the ops and libdevice's sine
    of: the f0 kernel; the f0 kernel and the multiply-add sine (the product); the ops path with
    cudnn.benchmark on (another float32 algorithm: the ulp-level floor of this SNR);
 3. whole HiFT in the product's float16 policy compiled (torch.compile, static shapes) and
-   replayed under one CUDA graph, before and after (both changes): what the engines gain, and
-   each one's speech SNR against float32 eager (before).
+   replayed under one CUDA graph, before (cuDNN, libdevice's sine, f0 weights in upstream's
+   layout) and after (the kernel on weights stored tap-major, the multiply-add sine): what the
+   engines gain, and each one's speech SNR against float32 eager (before).
 
 Usage (H200, ~200 s): python3 benchmarks/h200/hift_kernels.py --out $OUT
 CPU smoke (interpreter, tiny shapes; no graphs, no compile):
@@ -29,6 +32,7 @@ CPU smoke (interpreter, tiny shapes; no graphs, no compile):
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -41,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.h200.hift_precision import build_hift, capture, set_tf32, steady_inputs  # noqa: E402
 from c2w.exporter.bench.engines import snr_db, timed  # noqa: E402
 from c2w.runtime.model import hift as H  # noqa: E402
+from c2w.runtime.model.dit import tap_major_  # noqa: E402
 from c2w.runtime.model import triton_kernels as K  # noqa: E402
 from c2w.runtime.units import rel_l2  # noqa: E402
 
@@ -94,6 +99,9 @@ def main() -> None:
     pred = hift.f0_predictor
     pred64 = H.F0Predictor(cfg.mel_bins, cfg.hift.f0_channels).to(dev).double()
     pred64.load_state_dict({k: v.double() for k, v in pred.state_dict().items()})
+    pred_tap_major = copy.deepcopy(pred)           # as HiFT's float16 policy stores the f0 weights
+    for conv in pred_tap_major.condnet[::2]:
+        tap_major_(conv)
     paths(False)
     res: dict = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                  "torch": torch.__version__, "commit": os.environ.get("C2W_COMMIT", "?"),
@@ -143,6 +151,7 @@ def main() -> None:
                 res["f0_alone"].append({"case": name, "variant": f"kernel {spec}", "error": f"{type(e).__name__}: {e}"[:300]})
                 print(f"  tile {spec}: {type(e).__name__}: {str(e)[:200]}", flush=True)
         K.f0_tile = product_tile
+        add("kernel, product's tile, weights stored tap-major (float16 policy)", pred_tap_major)
         paths(False)
 
     # 2. whole HiFT, float32, eager: each form against the one before, beside another float32 algorithm
@@ -169,6 +178,13 @@ def main() -> None:
         hift16.set_precision(torch.float16).eval()
         for label, f0_kernel, sine in (FORMS[0], FORMS[-1]):         # a compile each: before and after
             paths(f0_kernel, sine)
+            # the f0 weights as each form stores them: upstream's layout before HiFT's AOTI
+            # revision 4, tap-major (set_precision's float16 order) after
+            for conv in hift16.f0_predictor.condnet[::2]:
+                if f0_kernel:
+                    tap_major_(conv)
+                else:
+                    conv.weight.data = conv.weight.data.contiguous()
             torch._dynamo.reset()
             comp = torch.compile(hift16, dynamic=False)
             t = time.perf_counter()
