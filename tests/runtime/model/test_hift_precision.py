@@ -125,7 +125,10 @@ def test_float16_weights_are_stored_for_the_channels_last_convolutions_and_keep_
     buf = io.BytesIO()
     torch.save(fresh, buf)
     buf.seek(0)
-    f0_convs = lambda h: list(h.f0_predictor.condnet[::2])            # noqa: E731
+
+    def f0_convs(h):
+        return list(h.f0_predictor.condnet[::2])
+
     for copy in (fresh, copy_module.deepcopy(fresh), torch.load(buf, weights_only=False)):
         for m in copy.precision_modules():
             assert m.weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last), m
