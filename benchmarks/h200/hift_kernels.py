@@ -45,7 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.h200.hift_precision import build_hift, capture, set_tf32, steady_inputs  # noqa: E402
 from c2w.exporter.bench.engines import snr_db, timed  # noqa: E402
 from c2w.runtime.model import hift as H  # noqa: E402
-from c2w.runtime.model.dit import tap_major_  # noqa: E402
 from c2w.runtime.model import triton_kernels as K  # noqa: E402
 from c2w.runtime.units import rel_l2  # noqa: E402
 
@@ -100,8 +99,7 @@ def main() -> None:
     pred64 = H.F0Predictor(cfg.mel_bins, cfg.hift.f0_channels).to(dev).double()
     pred64.load_state_dict({k: v.double() for k, v in pred.state_dict().items()})
     pred_tap_major = copy.deepcopy(pred)           # as HiFT's float16 policy stores the f0 weights
-    for conv in pred_tap_major.condnet[::2]:
-        tap_major_(conv)
+    pred_tap_major.store_weights(tap_major=True)
     paths(False)
     res: dict = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                  "torch": torch.__version__, "commit": os.environ.get("C2W_COMMIT", "?"),
@@ -180,11 +178,7 @@ def main() -> None:
             paths(f0_kernel, sine)
             # the f0 weights as each form stores them: upstream's layout before HiFT's AOTI
             # revision 4, tap-major (set_precision's float16 order) after
-            for conv in hift16.f0_predictor.condnet[::2]:
-                if f0_kernel:
-                    tap_major_(conv)
-                else:
-                    conv.weight.data = conv.weight.data.contiguous()
+            hift16.f0_predictor.store_weights(tap_major=f0_kernel)
             torch._dynamo.reset()
             comp = torch.compile(hift16, dynamic=False)
             t = time.perf_counter()

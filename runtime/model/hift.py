@@ -198,6 +198,15 @@ class F0Predictor(nn.Module):
         self.condnet = nn.Sequential(*layers)
         self.classifier = nn.Linear(channels, 1)
 
+    def store_weights(self, tap_major: bool) -> None:
+        """Store the five conv weights tap-major (the order the kernel reads as it is; the float16
+        policy's) or in upstream's layout (the float32 policy's); values unchanged."""
+        for conv in self.condnet[::2]:
+            if tap_major:
+                tap_major_(conv)
+            else:
+                conv.weight.data = conv.weight.data.contiguous()
+
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         kernels = triton_kernels_for(mel)
         h = mel.transpose(1, 2)                            # (B, F, 80), a view
@@ -451,13 +460,11 @@ class HiftVocoder(nn.Module):
                                f"one of {[str(d).removeprefix('torch.') for d in PRECISIONS]} ({why})")
         for m in self.precision_modules():
             m.to(dtype)
-        # float16: each weight in the order its reader takes as it is, the conv stack's channels-last
-        # convolutions and the f0 predictor's kernel (F0Predictor); float32: upstream's layout
-        for m in self.precision_modules() + list(self.f0_predictor.condnet[::2]):
             if dtype == torch.float16:
-                tap_major_(m)
+                tap_major_(m)                         # read as it is by the channels-last convolution
             else:
                 m.weight.data = m.weight.data.contiguous()
+        self.f0_predictor.store_weights(tap_major=dtype == torch.float16)
         return self
 
     # ---- eager-only validation (kept out of forward so the exported graph has no checks) ----
