@@ -133,14 +133,22 @@ def sin_squared_by_multiply_adds(z: torch.Tensor) -> torch.Tensor:
     return sine * sine
 
 
+def _sine_as_multiply_adds(on_cuda: bool) -> bool:
+    """Whether Snake's sine is traced as `sin_squared_by_multiply_adds`: on CUDA, for a compiler
+    (torch.export, torch.compile) that fuses the multiply-adds into the kernels around Snake, and
+    not in an ONNX export. With torch.sin (libdevice's sin and its argument reduction) those fused
+    kernels ran slower than their bytes allow (benchmarks/h200/README.md, run 32). Eager keeps
+    torch.sin: op by op, the multiply-adds are some twenty kernels over every activation, and
+    eager HiFT, the runtime's fallback, ran 2.5x slower with them (run 35)."""
+    return on_cuda and torch.compiler.is_compiling() and not torch.onnx.is_in_onnx_export()
+
+
 def _sin_squared(z: torch.Tensor) -> torch.Tensor:
-    """Snake's sin(z)^2: on CUDA outside an ONNX export `sin_squared_by_multiply_adds`, which
-    Inductor fuses into the kernels around Snake (with torch.sin, libdevice's sin with its
-    argument reduction, those kernels ran slower than their bytes allow: benchmarks/h200/README.md,
-    run 32); elsewhere torch.sin, which the step-audio2 oracle parity holds on the CPU."""
-    if not z.is_cuda or torch.onnx.is_in_onnx_export():
-        return torch.sin(z).pow(2)
-    return sin_squared_by_multiply_adds(z)
+    """Snake's sin(z)^2; torch.sin's wherever `_sine_as_multiply_adds` says no, which the
+    step-audio2 oracle parity holds on the CPU."""
+    if _sine_as_multiply_adds(z.is_cuda):
+        return sin_squared_by_multiply_adds(z)
+    return torch.sin(z).pow(2)
 
 
 class Snake(nn.Module):

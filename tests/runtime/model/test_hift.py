@@ -373,6 +373,24 @@ def test_verification_inputs_keep_tf32_noise_within_the_engine_tolerance(monkeyp
     assert all(e > 1e-4 for e in errs.values()), errs        # the rounding did reach the convolutions
 
 
+def test_snake_sine_is_multiply_adds_only_when_a_compiler_traces_for_cuda():
+    """The multiply-add sine is for the compiled engines; eager on CUDA (the runtime's fallback)
+    keeps torch.sin, where the multiply-adds would be some twenty kernels per Snake."""
+    from c2w.runtime.model.hift import _sine_as_multiply_adds
+
+    seen: list[tuple[bool, bool]] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append((_sine_as_multiply_adds(True), _sine_as_multiply_adds(False)))
+            return x + 1
+
+    probe = Probe()
+    probe(torch.zeros(2))
+    torch.export.export(probe, (torch.zeros(2),), strict=False)       # as exporter/backends/aoti.py
+    assert seen == [(False, False), (True, False)]                    # eager either way; traced, for CUDA
+
+
 def test_sin_squared_by_multiply_adds_is_within_4e7_of_the_exact_value():
     """Snake's GPU sine (hift.sin_squared_by_multiply_adds) against float64, over the arguments
     Snake sees and beyond: |alpha x| up to 60 densely, tiny ones (where sin^2 ~ z^2, relative
