@@ -19,15 +19,18 @@ This script measures, at the steady key B=32 F=158 and at B=1 F=58 (`--cases`):
 2. whole HiFT (float32 policy, eager, TF32 off), speech SNR against the ops and libdevice's sine
    of: the f0 kernel; the f0 kernel and the multiply-add sine (the product); the ops path with
    cudnn.benchmark on (another float32 algorithm: the ulp-level floor of this SNR);
-3. whole HiFT in the product's float16 policy compiled (torch.compile, static shapes) and
-   replayed under one CUDA graph, before (cuDNN, libdevice's sine, f0 weights in upstream's
-   layout) and after (the kernel on weights stored tap-major, the multiply-add sine): what the
-   engines gain, and each one's speech SNR against float32 eager (before).
+3. whole HiFT in the float16 policy, eager (the runtime's fallback for shapes with no engine),
+   timed with torch.sin and with the multiply-add sine: run 35 found eager 2.5x slower with the
+   latter, which since then only a compiler's trace takes (hift._sine_as_multiply_adds).
+
+The engines these parts go into are timed by `c2w bench` (h200_core, run 35). A compiled
+before/after here (torch.compile of the float16 HiFT) stopped tracing at the read-only numpy
+caches of the ISTFT's window envelope in run 35 and was dropped; the AOTI export traces them.
 
 Usage (H200, ~200 s): python3 benchmarks/h200/hift_kernels.py --out $OUT
-CPU smoke (interpreter, tiny shapes; no graphs, no compile):
+CPU smoke (interpreter, tiny shapes; no graphs):
   TRITON_INTERPRET=1 python benchmarks/h200/hift_kernels.py --model random:tiny --device cpu --cases 2x20 \\
-      --tiles 32x64x16x4x1 --reps 2 --no-compile --out /tmp/hift_kernels_smoke
+      --tiles 32x64x16x4x1 --reps 2 --out /tmp/hift_kernels_smoke
 """
 from __future__ import annotations
 
@@ -88,7 +91,6 @@ def main() -> None:
     ap.add_argument("--tiles", default=TILES, help="MxNxKxWARPSxSTAGES, comma-separated")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/hift_kernels"))
     a = ap.parse_args()
     dev = torch.device(a.device)
@@ -104,7 +106,7 @@ def main() -> None:
     res: dict = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                  "torch": torch.__version__, "commit": os.environ.get("C2W_COMMIT", "?"),
                  "product_tiles": {"wide": K.F0_WIDE_TILE, "narrow": K.F0_NARROW_TILE},
-                 "f0_alone": [], "hift_fp32": [], "hift_fp16_compiled": []}
+                 "f0_alone": [], "hift_fp32": [], "hift_fp16_eager": []}
     product_tile = K.f0_tile
 
     def save():
@@ -169,38 +171,22 @@ def main() -> None:
     print(f"HiFT float32 {name}, speech SNR against before: {res['hift_fp32']}", flush=True)
     save()
 
-    # 3. whole HiFT, float16 policy, compiled, under one graph
-    if not a.no_compile and dev.type == "cuda":
-        hift16 = H.HiftVocoder(cfg.hift).to(dev)
-        hift16.load_state_dict(hift.state_dict())
-        hift16.set_precision(torch.float16).eval()
-        for label, f0_kernel, sine in (FORMS[0], FORMS[-1]):         # a compile each: before and after
-            paths(f0_kernel, sine)
-            # the f0 weights as each form stores them: upstream's layout before HiFT's AOTI
-            # revision 4, tap-major (set_precision's float16 order) after
-            hift16.f0_predictor.store_weights(tap_major=f0_kernel)
-            torch._dynamo.reset()
-            comp = torch.compile(hift16, dynamic=False)
-            t = time.perf_counter()
-            out = comp(*inputs)[0]
-            row = {"case": name, "form": label, "compile_s": round(time.perf_counter() - t, 1),
-                   "speech_snr_db_vs_fp32": snr_db(out, before), **timing(comp, inputs, dev, a)}
-            res["hift_fp16_compiled"].append(row)
-            print(f"[{time.perf_counter() - t0:6.1f}s] HiFT float16 compiled, {label}: graph "
-                  f"{row['graph']['median_ms']:.3f} ms, direct {row['direct']['median_ms']:.3f}, "
-                  f"SNR {row['speech_snr_db_vs_fp32']:.1f} dB", flush=True)
-            save()
-            del comp
-        paths(False)
+    # 3. whole HiFT, float16 policy, eager (the runtime's fallback), with each sine
+    hift16 = copy.deepcopy(hift).set_precision(torch.float16).eval()
+    for name, inputs in cases:
+        for label, sine in (("torch.sin (eager as served)", False), ("multiply-add sine", True)):
+            paths(True, sine)
+            row = {"case": name, "sine": label, **timed(lambda: hift16(*inputs), dev, a.warmup, a.reps)}
+            res["hift_fp16_eager"].append(row)
+            print(f"HiFT float16 eager {name}, {label}: {row['median_ms']:.2f} ms", flush=True)
+    paths(False)
+    save()
 
     print("\ncase | f0 predictor | us under one graph | f0 rel-L2 vs float64")
     for r in res["f0_alone"]:
         if "error" not in r:
             print(f"{r['case']} | {r['variant']} | {r.get('graph', r['direct'])['median_ms'] * 1e3:.1f} | "
                   f"{r['f0_rel_l2_vs_f64']:.2e}")
-    for r in res["hift_fp16_compiled"]:
-        print(f"HiFT float16 compiled {r['case']}, {r['form']}: {r['graph']['median_ms']:.3f} ms under one graph, "
-              f"SNR {r['speech_snr_db_vs_fp32']:.1f} dB")
     save()
 
 
