@@ -61,3 +61,31 @@ def test_a_block_whose_norms_are_skipped_fails_the_bar():
         want_x, _, _ = ref.modulated(x, mod, cnn, kv.clone(), slots)
         got_x, _ = block_forward(wrong, *(t.half() for t in (x, mod, cnn, kv)), slots, programs=3, by_phases=True)
     assert rel_l2(got_x.float(), want_x) > 10 * REL_L2
+
+
+H100_SHARED_BYTES = 232_448          # the most shared memory a program may use on compute capability 9.0
+
+
+def test_the_one_launch_kernel_fits_an_h100s_shared_memory():
+    """The interpreter never allocates shared memory, so it cannot see a kernel too large to run
+    (run 35: 561,152 bytes asked at the real shapes). Compiled for sm_90 with a launch's alignment
+    hints (persistent_block.compiled_for), in a process with Triton's JIT on, the full model's
+    block at the device run's default tiles must fit."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = ("import json, torch; from benchmarks.h200 import persistent_block as pb; "
+            "from c2w.runtime.model.config import FULL; "
+            "block = pb._block(FULL.dit, 'cpu', torch.float16); "
+            "x, mod, cnn, kv, slots = (t.half() if t.is_floating_point() else t "
+            "for t in pb.inputs(FULL.dit, 2, 50, 300, 'cpu')); "
+            "print(json.dumps(pb.compiled_for(90, block, x, mod, cnn, kv, slots).metadata.shared))")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode and "ptxas" in done.stderr and "not found" in done.stderr:
+        pytest.skip("this Triton has no ptxas")
+    assert done.returncode == 0, done.stderr[-2000:]
+    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 0 < shared <= H100_SHARED_BYTES, shared

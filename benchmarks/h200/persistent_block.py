@@ -100,7 +100,7 @@ def _gelu_tanh(x):
 @triton.jit
 def _qkv_item(item, x, mod, wqkv, bqkv, qn_w, qn_b, kn_w, kn_b, q_s, kv, slots, T, kv_seq, kv_head, kv_slot,
               D: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-              EPS1: tl.constexpr, EPS_Q: tl.constexpr, EPS_K: tl.constexpr):
+              EPS1: tl.constexpr, EPS_Q: tl.constexpr, EPS_K: tl.constexpr, KS: tl.constexpr):
     seq = item // (3 * H)
     c = item % (3 * H)                                  # a 64-column tile of [q | k | v]: one head
     t = tl.arange(0, BM)
@@ -109,7 +109,7 @@ def _qkv_item(item, x, mod, wqkv, bqkv, qn_w, qn_b, kn_w, kn_b, q_s, kv, slots, 
     mean, rstd = _row_stats(x, rows, ok, D, BK, EPS1)
     n = c * HD + tl.arange(0, HD)
     acc = tl.zeros([BM, HD], dtype=tl.float32)
-    for k0 in tl.static_range(0, D, BK):
+    for k0 in tl.range(0, D, BK, num_stages=KS):
         k = k0 + tl.arange(0, BK)
         a = _modulated_rows(x, rows, ok, mean, rstd, mod, k, 0, 1, D)
         acc = tl.dot(a.to(tl.float16), tl.load(wqkv + n[None, :].to(tl.int64) * D + k[:, None]), acc)
@@ -162,14 +162,14 @@ def _attention_item(item, q_s, kv, att, T, QT, kv_seq, kv_head, kv_slot, D: tl.c
 
 @triton.jit
 def _out_proj_item(item, att, x, mod, wo, bo, x1, T, D: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                   BN: tl.constexpr):
+                   BN: tl.constexpr, KS: tl.constexpr):
     seq = item // (D // BN)
     n = (item % (D // BN)) * BN + tl.arange(0, BN)
     t = tl.arange(0, BM)
     ok = t < T
     rows = (seq * T + t).to(tl.int64) * D
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in tl.static_range(0, D, BK):
+    for k0 in tl.range(0, D, BK, num_stages=KS):
         k = k0 + tl.arange(0, BK)
         a = tl.load(att + rows[:, None] + k[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
         acc = tl.dot(a, tl.load(wo + n[None, :].to(tl.int64) * D + k[:, None]), acc)
@@ -209,7 +209,7 @@ def _conv_epilogue(acc, seq, t, ok, n, bias, mod, res_in, y_out, T, SECOND: tl.c
 @triton.jit
 def _conv_item(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bias, res_in, y_out, new_cnn, T,
                SECOND: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
-               EPS: tl.constexpr):
+               EPS: tl.constexpr, KS: tl.constexpr):
     """One (sequence, column tile) of a k=3 causal convolution over [the cache's 2 frames | rows
     made from src], tap by tap: output row t reads input row t + j for tap j, so each tap
     normalizes its own shifted rows (three times the loads). The first (SECOND false) is over
@@ -229,7 +229,7 @@ def _conv_item(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bi
         rows = (seq * T + r - 2).to(tl.int64) * D
         mean, rstd = _row_stats(src, rows, src_ok, D, BK, EPS if SECOND else 1e-6)
         cache_rows = seq.to(tl.int64) * cs_seq + r * cs_frame
-        for k0 in tl.static_range(0, D, BK):
+        for k0 in tl.range(0, D, BK, num_stages=KS):
             k = k0 + tl.arange(0, BK)
             a = _conv_input(src, rows, src_ok, mean, rstd, mod, ln_w, ln_b, cnn, cache_rows, cs_chan, from_cache,
                             k, SECOND, D)
@@ -243,7 +243,7 @@ def _conv_item(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bi
 @triton.jit
 def _conv_item_shifted(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bias, res_in, y_out, new_cnn,
                        T, SECOND: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                       BN: tl.constexpr, EPS: tl.constexpr):
+                       BN: tl.constexpr, EPS: tl.constexpr, KS: tl.constexpr):
     """`_conv_item` with each input row normalized once: BM covers all T + 2 input rows, the three
     taps' products P_j are taken over the same rows, and output row t = P_0[t] + P_1[t + 1] +
     P_2[t + 2], the shifts as products with 0/1 matrices (exact: tf32x3 splits P_j into two TF32
@@ -262,7 +262,7 @@ def _conv_item_shifted(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_fram
     p1 = tl.zeros([BM, BN], dtype=tl.float32)
     p2 = tl.zeros([BM, BN], dtype=tl.float32)
     wn = w + n[None, :].to(tl.int64) * D
-    for k0 in tl.static_range(0, D, BK):
+    for k0 in tl.range(0, D, BK, num_stages=KS):
         k = k0 + tl.arange(0, BK)
         a = _conv_input(src, rows, src_ok, mean, rstd, mod, ln_w, ln_b, cnn, cache_rows, cs_chan, from_cache, k,
                         SECOND, D)
@@ -288,7 +288,7 @@ def _store_new_cache(new_cnn, seq, frame, mask, k, a, SECOND: tl.constexpr, D: t
 
 @triton.jit
 def _fc1_item(item, x2, mod, w1, b1, h, T, D: tl.constexpr, F: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-              BN: tl.constexpr):
+              BN: tl.constexpr, KS: tl.constexpr):
     seq = item // (F // BN)
     n = (item % (F // BN)) * BN + tl.arange(0, BN)
     t = tl.arange(0, BM)
@@ -296,7 +296,7 @@ def _fc1_item(item, x2, mod, w1, b1, h, T, D: tl.constexpr, F: tl.constexpr, BM:
     rows = (seq * T + t).to(tl.int64) * D
     mean, rstd = _row_stats(x2, rows, ok, D, BK, 1e-6)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in tl.static_range(0, D, BK):
+    for k0 in tl.range(0, D, BK, num_stages=KS):
         k = k0 + tl.arange(0, BK)
         a = _modulated_rows(x2, rows, ok, mean, rstd, mod, k, 3, 4, D)
         acc = tl.dot(a.to(tl.float16), tl.load(w1 + n[None, :].to(tl.int64) * D + k[:, None]), acc)
@@ -306,14 +306,14 @@ def _fc1_item(item, x2, mod, w1, b1, h, T, D: tl.constexpr, F: tl.constexpr, BM:
 
 @triton.jit
 def _fc2_item(item, h, x2, mod, w2, b2, out, T, D: tl.constexpr, F: tl.constexpr, BM: tl.constexpr,
-              BK: tl.constexpr, BN: tl.constexpr):
+              BK: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr):
     seq = item // (D // BN)
     n = (item % (D // BN)) * BN + tl.arange(0, BN)
     t = tl.arange(0, BM)
     ok = t < T
     hrows = (seq * T + t).to(tl.int64) * F
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, F, BK):
+    for k0 in tl.range(0, F, BK, num_stages=KS):
         k = k0 + tl.arange(0, BK)
         a = tl.load(h + hrows[:, None] + k[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
         acc = tl.dot(a, tl.load(w2 + n[None, :].to(tl.int64) * F + k[:, None]), acc)
@@ -331,54 +331,54 @@ def _block_kernel(
         D: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, F: tl.constexpr, SLOTS: tl.constexpr, SCALE: tl.constexpr,
         EPS_Q: tl.constexpr, EPS_K: tl.constexpr, EPS_LN: tl.constexpr,
         BM: tl.constexpr, BK: tl.constexpr, BMQ: tl.constexpr, BN_ATT: tl.constexpr, BN: tl.constexpr,
-        BN_FC1: tl.constexpr, SHIFTED: tl.constexpr, PHASE: tl.constexpr):
+        BN_FC1: tl.constexpr, SHIFTED: tl.constexpr, KS: tl.constexpr, PHASE: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     if PHASE == -1 or PHASE == 0:
-        for item in range(pid, seqs * 3 * H, programs):
+        for item in tl.range(pid, seqs * 3 * H, programs, num_stages=1):
             _qkv_item(item, x, mod, wqkv, bqkv, qn_w, qn_b, kn_w, kn_b, q_s, kv, slots, T, kv_seq, kv_head,
-                      kv_slot, D, H, HD, BM, BK, 1e-6, EPS_Q, EPS_K)
+                      kv_slot, D, H, HD, BM, BK, 1e-6, EPS_Q, EPS_K, KS)
     if PHASE == -1:
         _grid_barrier(sync, programs)
     if PHASE == -1 or PHASE == 1:
-        for item in range(pid, seqs * H * QT, programs):
+        for item in tl.range(pid, seqs * H * QT, programs, num_stages=1):
             _attention_item(item, q_s, kv, att, T, QT, kv_seq, kv_head, kv_slot, D, H, HD, SLOTS, SCALE,
                             BMQ, BN_ATT)
     if PHASE == -1:
         _grid_barrier(sync, 2 * programs)
     if PHASE == -1 or PHASE == 2:
-        for item in range(pid, seqs * (D // BN), programs):
-            _out_proj_item(item, att, x, mod, wo, bo, x1, T, D, BM, BK, BN)
+        for item in tl.range(pid, seqs * (D // BN), programs, num_stages=1):
+            _out_proj_item(item, att, x, mod, wo, bo, x1, T, D, BM, BK, BN, KS)
     if PHASE == -1:
         _grid_barrier(sync, 3 * programs)
     if PHASE == -1 or PHASE == 3:
-        for item in range(pid, seqs * (D // BN), programs):
+        for item in tl.range(pid, seqs * (D // BN), programs, num_stages=1):
             if SHIFTED:
                 _conv_item_shifted(item, x1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c1_w, c1_b, x1, y1,
-                                   new_cnn, T, False, D, BM, BK, BN, EPS_LN)
+                                   new_cnn, T, False, D, BM, BK, BN, EPS_LN, KS)
             else:
                 _conv_item(item, x1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c1_w, c1_b, x1, y1, new_cnn,
-                           T, False, D, BM, BK, BN, EPS_LN)
+                           T, False, D, BM, BK, BN, EPS_LN, KS)
     if PHASE == -1:
         _grid_barrier(sync, 4 * programs)
     if PHASE == -1 or PHASE == 4:
-        for item in range(pid, seqs * (D // BN), programs):
+        for item in tl.range(pid, seqs * (D // BN), programs, num_stages=1):
             if SHIFTED:
                 _conv_item_shifted(item, y1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c2_w, c2_b, x1, x2,
-                                   new_cnn, T, True, D, BM, BK, BN, EPS_LN)
+                                   new_cnn, T, True, D, BM, BK, BN, EPS_LN, KS)
             else:
                 _conv_item(item, y1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c2_w, c2_b, x1, x2, new_cnn,
-                           T, True, D, BM, BK, BN, EPS_LN)
+                           T, True, D, BM, BK, BN, EPS_LN, KS)
     if PHASE == -1:
         _grid_barrier(sync, 5 * programs)
     if PHASE == -1 or PHASE == 5:
-        for item in range(pid, seqs * (F // BN_FC1), programs):
-            _fc1_item(item, x2, mod, fc1_w, fc1_b, h, T, D, F, BM, BK, BN_FC1)
+        for item in tl.range(pid, seqs * (F // BN_FC1), programs, num_stages=1):
+            _fc1_item(item, x2, mod, fc1_w, fc1_b, h, T, D, F, BM, BK, BN_FC1, KS)
     if PHASE == -1:
         _grid_barrier(sync, 6 * programs)
     if PHASE == -1 or PHASE == 6:
-        for item in range(pid, seqs * (D // BN), programs):
-            _fc2_item(item, h, x2, mod, fc2_w, fc2_b, out, T, D, F, BM, BK, BN)
+        for item in tl.range(pid, seqs * (D // BN), programs, num_stages=1):
+            _fc2_item(item, h, x2, mod, fc2_w, fc2_b, out, T, D, F, BM, BK, BN, KS)
     if PHASE == -1:
         # the last program out resets the counters for the next launch: every program has left
         # its last wait by then, so none reads sync[0] again
@@ -396,17 +396,12 @@ def fits(block, x: torch.Tensor, kv: torch.Tensor) -> bool:
             and kv.stride(3) == 1 and block.mlp.fc1.out_features % 64 == 0)
 
 
-def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, kv: torch.Tensor,
-                  slots: torch.Tensor, *, programs: int = 64, by_phases: bool = False, sync: torch.Tensor | None = None,
-                  tiles: dict | None = None, only: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """DiTBlock.modulated(x, mod, cnn_cache, kv, slots) (the in-place form) in one launch (or, with
-    `by_phases`, one launch per phase and no barrier: what Triton's interpreter can run; `only`:
-    the launch of that phase alone, for timing) -> (x out, new conv cache); kv is written in place. x (b, T, d) float16 contiguous; mod (1, 1, 9 d); cnn_cache (b, 2 d, 2); kv (b, h, S, 2 hd).
-    `sync` (2,) int32 zeros, kept between launches (the kernel leaves it zeroed)."""
+def _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync):
+    """_block_kernel's arguments for these tensors -> (args, constexprs and options, out, new conv cache)."""
     b, frames, d = x.shape
     heads, head_dim = block.attn.heads, block.attn.head_dim
     ffn = block.mlp.fc1.out_features
-    tiles = {"BK": 64, "BMQ": 16, "BN_ATT": 64, "BN": 32, "BN_FC1": 64, "SHIFTED": True, "num_warps": 4,
+    tiles = {"BK": 64, "BMQ": 16, "BN_ATT": 64, "BN": 32, "BN_FC1": 64, "SHIFTED": True, "KS": 2, "num_warps": 4,
              **(tiles or {})}
     # one row tile per sequence; the shifted convolutions hold the T + 2 input rows in it
     tiles["BM"] = max(16, triton.next_power_of_2(frames + 2 if tiles["SHIFTED"] else frames))
@@ -430,9 +425,56 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
         assert w.is_contiguous(), "the conv weights must be stored taps-outer (dit.taps_outer_)"
     consts = dict(D=d, H=heads, HD=head_dim, F=ffn, SLOTS=kv.shape[2], SCALE=head_dim ** -0.5, EPS_Q=float(attn.q_norm.eps),
                   EPS_K=float(attn.k_norm.eps), EPS_LN=float(ln.eps), **tiles)
+    return args, consts, out, new_cnn
+
+
+def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, kv: torch.Tensor,
+                  slots: torch.Tensor, *, programs: int = 64, by_phases: bool = False, sync: torch.Tensor | None = None,
+                  tiles: dict | None = None, only: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DiTBlock.modulated(x, mod, cnn_cache, kv, slots) (the in-place form) in one launch (or, with
+    `by_phases`, one launch per phase and no barrier: what Triton's interpreter can run; `only`:
+    the launch of that phase alone, for timing) -> (x out, new conv cache); kv is written in place.
+    x (b, T, d) float16 contiguous; mod (1, 1, 9 d); cnn_cache (b, 2 d, 2); kv (b, h, S, 2 hd).
+    `sync` (2,) int32 zeros, kept between launches (the kernel leaves it zeroed)."""
+    args, consts, out, new_cnn = _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync)
     for p in ([only] if only is not None else range(len(PHASES)) if by_phases else [ALL]):
         _block_kernel[(programs,)](*args, PHASE=p, **consts)
     return out, new_cnn
+
+
+_TRITON_TYPES = {torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
+
+
+def compiled_for(arch: int, block, x, mod, cnn_cache, kv, slots, tiles: dict | None = None, phase: int = ALL):
+    """_block_kernel compiled for CUDA compute capability `arch` (90: H100, H200) with no GPU, by
+    Triton's compiler and ptxas, specialized as a launch with these arguments would be: pointers
+    16-byte aligned, integers divisible by 16 marked so, integers equal to 1 made constants. The
+    result's `metadata.shared` is the shared memory a program needs. The alignment matters: with
+    it Triton 3.6 pipelined the item loops (asynchronous copies, a buffer per unrolled tile) and
+    asked for 561,152 bytes (run 35); the interpreter, and a compile without the hints, never
+    show that. Needs Triton's JIT: not under TRITON_INTERPRET=1."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    args, consts, _, _ = _launch(block, x, mod, cnn_cache, kv, slots, tiles, None)
+    options = {"num_warps": consts.pop("num_warps")}
+    consts["PHASE"] = phase
+    names = _block_kernel.arg_names
+    signature, attrs = {}, {}
+    for i, (name, value) in enumerate(zip(names, args)):
+        if isinstance(value, torch.Tensor):
+            signature[name] = _TRITON_TYPES[value.dtype]
+            aligned = value.data_ptr() % 16 == 0
+        elif value == 1:
+            signature[name], consts[name], aligned = "constexpr", 1, False
+        else:
+            signature[name], aligned = "i32", value % 16 == 0
+        if aligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    for name in names[len(args):]:
+        signature[name] = "constexpr"
+    src = ASTSource(_block_kernel, signature, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _block(cfg, device, dtype, seed=0):
@@ -459,6 +501,19 @@ def inputs(cfg, b: int, frames: int, cache: int, device, seed=1):
     return [t.to(device) for t in (x, mod, cnn, kv)] + [torch.randperm(slots, generator=g)[:frames].to(device)]
 
 
+VARIANTS = ({}, {"KS": 3}, {"KS": 1}, {"SHIFTED": False}, {"BN": 16}, {"num_warps": 8})   # the device run's
+
+
+def shared_memory(arch: int, b: int = 2, frames: int = 50, cache: int = 300) -> list[dict]:
+    """Each of VARIANTS' tiles at the full model's block: the shared memory its one-launch kernel
+    needs on compute capability `arch` (`compiled_for`)."""
+    from c2w.runtime.model.config import FULL
+    block = _block(FULL.dit, "cpu", torch.float16)
+    x, mod, cnn, kv, slots = (t.half() if t.is_floating_point() else t for t in inputs(FULL.dit, b, frames, cache, "cpu"))
+    return [{**tiles, "shared": compiled_for(arch, block, x, mod, cnn, kv, slots, tiles).metadata.shared}
+            for tiles in VARIANTS]
+
+
 def main() -> None:
     from benchmarks.h200.fused_tiles import graphed_us
     from c2w.runtime.model.config import FULL
@@ -469,7 +524,13 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=50)
     ap.add_argument("--cache", type=int, default=300)
     ap.add_argument("--seconds", type=float, default=150, help="for the tile variants")
+    ap.add_argument("--shared-memory", type=int, metavar="ARCH",
+                    help="no GPU: compile each tile variant for compute capability ARCH (90: H100, H200) and "
+                         "print the shared memory it needs, as JSON")
     args = ap.parse_args()
+    if args.shared_memory:
+        print(json.dumps(shared_memory(args.shared_memory, args.b, args.frames, args.cache)))
+        return
     dev, cfg = torch.device("cuda"), FULL.dit
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     res = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
@@ -496,7 +557,7 @@ def main() -> None:
               flush=True)
         t0 = time.time()
         for programs in (64, sms, 32):
-            for tiles in ({}, {"SHIFTED": False}, {"BN": 16}, {"num_warps": 8}, {"BN_FC1": 32}):
+            for tiles in VARIANTS:
                 if time.time() - t0 > args.seconds:
                     break
                 row = {"programs": programs, **tiles}
@@ -525,7 +586,7 @@ def main() -> None:
     res["best"] = min(ok, key=lambda r: r["us"]) if ok else None
     if res["best"]:                                 # each phase of the best alone, one launch each
         best = res["best"]
-        tiles = {k: v for k, v in best.items() if k in ("SHIFTED", "BN", "BN_FC1", "BMQ", "num_warps")}
+        tiles = {k: v for k, v in best.items() if k in ("SHIFTED", "KS", "BN", "BN_FC1", "BMQ", "num_warps")}
         with torch.inference_mode():
             kv_k = h[3].clone()
             res["best_phase_us"] = {name: graphed_us(lambda p=p: block_forward(
