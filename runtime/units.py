@@ -396,7 +396,9 @@ SPECS: dict[str, UnitSpec] = {
         # multiply-adds (hift.sin_squared_by_multiply_adds) instead of libdevice's sin.
         # AOTI 4: under float16 the f0 predictor's weights are stored tap-major (set_precision), so
         # the kernel reads them as they are: no copy per call.
-        revisions={"aoti": 4}),
+        # AOTI 5: the f0 kernel's wide tile from half the GPU's SMs' worth of its programs (B=32
+        # F=58 takes it: benchmarks/h200/README.md, run 35b).
+        revisions={"aoti": 5}),
 }
 
 

@@ -332,16 +332,18 @@ def attention_fits(q: torch.Tensor, kv: torch.Tensor) -> bool:
 
 # the f0 predictor's convolution tiles: rows of (sequence, frame) x output channels per program,
 # input channels per step, warps, pipeline stages. benchmarks/h200/hift_kernels.py timed them (run
-# 32): the wide tile at B=32 F=158 (5,056 rows), the narrow one at B=1 F=58.
+# 32): the wide tile at B=32 F=158 (5,056 rows), the narrow one at B=1 F=58; run 35b (H100): at B=8
+# F=58 the narrow one (32 wide programs: 160 against 352 us), at B=32 F=58 the wide one (116 wide
+# programs: 371 against 511 us).
 F0_WIDE_TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, num_warps=4, num_stages=3)
 F0_NARROW_TILE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=2, num_stages=3)
 
 
 def f0_tile(rows: int, c_out: int, sms: int = _SMS) -> dict:
     """The tile for `rows` x `c_out` outputs on a GPU of `sms` streaming multiprocessors: the wide
-    tile when its programs give every SM one, else the narrow tile's eight times as many."""
+    tile when its programs reach half the SMs, else the narrow tile's eight times as many."""
     wide = triton.cdiv(rows, F0_WIDE_TILE["BLOCK_M"]) * triton.cdiv(c_out, F0_WIDE_TILE["BLOCK_N"])
-    return F0_WIDE_TILE if wide >= sms else F0_NARROW_TILE
+    return F0_WIDE_TILE if 2 * wide >= sms else F0_NARROW_TILE
 
 
 @triton.jit
