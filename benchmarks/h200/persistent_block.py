@@ -12,7 +12,7 @@ tile of output columns, or a tile of queries and a head) that the programs take 
   attention  q over every cache slot (online softmax, as triton_kernels.attention)
   out_proj   the output projection, its bias and the gated residual -> x1
   conv1      norm3 + modulation of x1 (recomputed per tap), the conv cache's rows before them, the
-             first k=3 convolution as three shifted products -> y1 (float32)
+             first k=3 convolution as three shifted products -> y1
   conv2      LayerNorm + Mish of y1 (recomputed per tap), the cache's rows, the second convolution,
              its bias and the gated residual -> x2; both halves of the new conv cache
   fc1        norm2 + modulation of x2, fc1, its bias and GELU (tanh form) -> h
@@ -21,7 +21,13 @@ tile of output columns, or a tile of queries and a head) that the programs take 
 Row-wise norms are recomputed by every item that needs them instead of costing a phase of their
 own: at B=1 a phase is a barrier, and re-reading 50 rows of 512 values from L2 is cheaper.
 
-`phase=` runs one phase per launch with no barrier: Triton's interpreter runs programs one after
+The item loops run unpipelined and the products' K loops are pipelined `KS` stages: when Triton
+3.6 pipelined the item loops, every unrolled K tile got buffers of its own, 561,152 bytes of shared
+memory at the full block (run 35). `--resources 90` compiles each variant for sm_90 with no GPU and
+prints the shared memory, registers and stack (spills) it needs; the one-launch form is cooperative,
+so a grid too large to be resident at once is refused rather than left waiting at a barrier.
+
+`by_phases` runs one phase per launch with no barrier: Triton's interpreter runs programs one after
 the other, so a barrier would wait forever there; the CPU test (tests/test_persistent_block.py)
 launches the seven phases in turn, and the device run launches the whole block once.
 
@@ -242,12 +248,14 @@ def _conv_item(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bi
 
 @triton.jit
 def _conv_item_shifted(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bias, res_in, y_out, new_cnn,
-                       T, SECOND: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                       shift, T, SECOND: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                        BN: tl.constexpr, EPS: tl.constexpr, KS: tl.constexpr):
     """`_conv_item` with each input row normalized once: BM covers all T + 2 input rows, the three
     taps' products P_j are taken over the same rows, and output row t = P_0[t] + P_1[t + 1] +
-    P_2[t + 2], the shifts as products with 0/1 matrices (exact: tf32x3 splits P_j into two TF32
-    parts and the 0/1 matrix is exact in TF32)."""
+    P_2[t + 2]. The shifts go through this program's scratch `shift` (2 BM BN float32, L2 and L1
+    resident): P_1 and P_2 stored, a CTA barrier, their rows read back one and two down. Exact,
+    and lighter than shifting by products with 0/1 matrices, which spilled registers (sm_90:
+    255 registers and 184-248 bytes of stack in these phases; none with the scratch)."""
     seq = item // (D // BN)
     tile = item % (D // BN)
     n = tile * BN + tl.arange(0, BN)
@@ -271,10 +279,13 @@ def _conv_item_shifted(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_fram
         p0 = tl.dot(a, tl.load(wn + k[:, None]), p0)
         p1 = tl.dot(a, tl.load(wn + D * D + k[:, None]), p1)
         p2 = tl.dot(a, tl.load(wn + 2 * D * D + k[:, None]), p2)
-    out_row = r[:, None]
-    in_row = r[None, :]
-    acc = p0 + tl.dot(tl.where(in_row == out_row + 1, 1.0, 0.0), p1, input_precision="tf32x3") \
-        + tl.dot(tl.where(in_row == out_row + 2, 1.0, 0.0), p2, input_precision="tf32x3")
+    at = r[:, None] * BN + tl.arange(0, BN)[None, :]
+    tl.debug_barrier()                              # the previous item's reads of the scratch are done
+    tl.store(shift + at, p1)
+    tl.store(shift + BM * BN + at, p2)
+    tl.debug_barrier()
+    acc = p0 + tl.load(shift + at + BN, mask=(r < BM - 1)[:, None], other=0.0, cache_modifier=".cg") \
+        + tl.load(shift + BM * BN + at + 2 * BN, mask=(r < BM - 2)[:, None], other=0.0, cache_modifier=".cg")
     _conv_epilogue(acc, seq, r, r < T, n, bias, mod, res_in, y_out, T, SECOND, D)
 
 
@@ -326,7 +337,7 @@ def _fc2_item(item, h, x2, mod, w2, b2, out, T, D: tl.constexpr, F: tl.constexpr
 @triton.jit
 def _block_kernel(
         x, mod, wqkv, bqkv, qn_w, qn_b, kn_w, kn_b, kv, slots, wo, bo, c1_w, c1_b, ln_w, ln_b, c2_w, c2_b,
-        fc1_w, fc1_b, fc2_w, fc2_b, cnn, out, new_cnn, q_s, att, x1, y1, x2, h, sync,
+        fc1_w, fc1_b, fc2_w, fc2_b, cnn, out, new_cnn, q_s, att, x1, y1, x2, h, shift, sync,
         seqs, T, QT, kv_seq, kv_head, kv_slot, cs_seq, cs_chan, cs_frame,
         D: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, F: tl.constexpr, SLOTS: tl.constexpr, SCALE: tl.constexpr,
         EPS_Q: tl.constexpr, EPS_K: tl.constexpr, EPS_LN: tl.constexpr,
@@ -334,6 +345,7 @@ def _block_kernel(
         BN_FC1: tl.constexpr, SHIFTED: tl.constexpr, KS: tl.constexpr, PHASE: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    shift_mine = shift + pid.to(tl.int64) * (2 * BM * BN)     # the shifted convolutions' scratch
     if PHASE == -1 or PHASE == 0:
         for item in tl.range(pid, seqs * 3 * H, programs, num_stages=1):
             _qkv_item(item, x, mod, wqkv, bqkv, qn_w, qn_b, kn_w, kn_b, q_s, kv, slots, T, kv_seq, kv_head,
@@ -355,7 +367,7 @@ def _block_kernel(
         for item in tl.range(pid, seqs * (D // BN), programs, num_stages=1):
             if SHIFTED:
                 _conv_item_shifted(item, x1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c1_w, c1_b, x1, y1,
-                                   new_cnn, T, False, D, BM, BK, BN, EPS_LN, KS)
+                                   new_cnn, shift_mine, T, False, D, BM, BK, BN, EPS_LN, KS)
             else:
                 _conv_item(item, x1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c1_w, c1_b, x1, y1, new_cnn,
                            T, False, D, BM, BK, BN, EPS_LN, KS)
@@ -365,7 +377,7 @@ def _block_kernel(
         for item in tl.range(pid, seqs * (D // BN), programs, num_stages=1):
             if SHIFTED:
                 _conv_item_shifted(item, y1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c2_w, c2_b, x1, x2,
-                                   new_cnn, T, True, D, BM, BK, BN, EPS_LN, KS)
+                                   new_cnn, shift_mine, T, True, D, BM, BK, BN, EPS_LN, KS)
             else:
                 _conv_item(item, y1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c2_w, c2_b, x1, x2, new_cnn,
                            T, True, D, BM, BK, BN, EPS_LN, KS)
@@ -396,7 +408,7 @@ def fits(block, x: torch.Tensor, kv: torch.Tensor) -> bool:
             and kv.stride(3) == 1 and block.mlp.fc1.out_features % 64 == 0)
 
 
-def _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync):
+def _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync, programs):
     """_block_kernel's arguments for these tensors -> (args, constexprs and options, out, new conv cache)."""
     b, frames, d = x.shape
     heads, head_dim = block.attn.heads, block.attn.head_dim
@@ -412,13 +424,14 @@ def _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync):
     new_cnn = torch.empty((b, 2 * d, 2), dtype=x.dtype, device=dev)
     if sync is None:
         sync = torch.zeros(2, dtype=torch.int32, device=dev)
+    shift = torch.empty((programs, 2, tiles["BM"], tiles["BN"]), dtype=torch.float32, device=dev)
     conv1, ln, conv2 = block.conv.block[1], block.conv.block[3], block.conv.block[6]
     attn = block.attn
     args = (x, mod, attn.qkv_weight, attn.qkv_bias, attn.q_norm.weight, attn.q_norm.bias, attn.k_norm.weight,
             attn.k_norm.bias, kv, slots, attn.proj.weight, attn.proj.bias,
             conv1.weight.permute(2, 0, 1), conv1.bias, ln.weight, ln.bias, conv2.weight.permute(2, 0, 1), conv2.bias,
             block.mlp.fc1.weight, block.mlp.fc1.bias, block.mlp.fc2.weight, block.mlp.fc2.bias,
-            cnn_cache, out, new_cnn, q_s, att, x1, y1, x2, h, sync,
+            cnn_cache, out, new_cnn, q_s, att, x1, y1, x2, h, shift, sync,
             b, frames, triton.cdiv(frames, tiles["BMQ"]), kv.stride(0), kv.stride(1), kv.stride(2),
             cnn_cache.stride(0), cnn_cache.stride(1), cnn_cache.stride(2))
     for w in (args[12], args[16]):
@@ -436,9 +449,11 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
     the launch of that phase alone, for timing) -> (x out, new conv cache); kv is written in place.
     x (b, T, d) float16 contiguous; mod (1, 1, 9 d); cnn_cache (b, 2 d, 2); kv (b, h, S, 2 hd).
     `sync` (2,) int32 zeros, kept between launches (the kernel leaves it zeroed)."""
-    args, consts, out, new_cnn = _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync)
+    args, consts, out, new_cnn = _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync, programs)
     for p in ([only] if only is not None else range(len(PHASES)) if by_phases else [ALL]):
-        _block_kernel[(programs,)](*args, PHASE=p, **consts)
+        # one launch: cooperative, so that CUDA refuses a grid whose programs cannot all be
+        # resident at once, which the barriers would otherwise wait on for ever
+        _block_kernel[(programs,)](*args, PHASE=p, **consts, **({"launch_cooperative_grid": True} if p == ALL else {}))
     return out, new_cnn
 
 
@@ -455,7 +470,7 @@ def compiled_for(arch: int, block, x, mod, cnn_cache, kv, slots, tiles: dict | N
     show that. Needs Triton's JIT: not under TRITON_INTERPRET=1."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    args, consts, _, _ = _launch(block, x, mod, cnn_cache, kv, slots, tiles, None)
+    args, consts, _, _ = _launch(block, x, mod, cnn_cache, kv, slots, tiles, None, 1)
     options = {"num_warps": consts.pop("num_warps")}
     consts["PHASE"] = phase
     names = _block_kernel.arg_names
@@ -504,14 +519,28 @@ def inputs(cfg, b: int, frames: int, cache: int, device, seed=1):
 VARIANTS = ({}, {"KS": 3}, {"KS": 1}, {"SHIFTED": False}, {"BN": 16}, {"num_warps": 8})   # the device run's
 
 
-def shared_memory(arch: int, b: int = 2, frames: int = 50, cache: int = 300) -> list[dict]:
-    """Each of VARIANTS' tiles at the full model's block: the shared memory its one-launch kernel
-    needs on compute capability `arch` (`compiled_for`)."""
+def resources(arch: int, b: int = 2, frames: int = 50, cache: int = 300) -> list[dict]:
+    """Each of VARIANTS' tiles at the full model's block, its one-launch kernel compiled for compute
+    capability `arch` (`compiled_for`): the shared memory a program needs, and the registers per
+    thread and stack bytes (register spills) that ptxas gave it (cuobjdump -res-usage)."""
+    import re
+    import subprocess
+    import tempfile
     from c2w.runtime.model.config import FULL
     block = _block(FULL.dit, "cpu", torch.float16)
     x, mod, cnn, kv, slots = (t.half() if t.is_floating_point() else t for t in inputs(FULL.dit, b, frames, cache, "cpu"))
-    return [{**tiles, "shared": compiled_for(arch, block, x, mod, cnn, kv, slots, tiles).metadata.shared}
-            for tiles in VARIANTS]
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    rows = []
+    for tiles in VARIANTS:
+        kernel = compiled_for(arch, block, x, mod, cnn, kv, slots, tiles)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(kernel.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True,
+                                   check=True).stdout
+        regs, stack = (int(re.search(rf"{name}:(\d+)", usage).group(1)) for name in ("REG", "STACK"))
+        rows.append({**tiles, "shared": kernel.metadata.shared, "registers": regs, "stack": stack})
+    return rows
 
 
 def main() -> None:
@@ -524,12 +553,13 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=50)
     ap.add_argument("--cache", type=int, default=300)
     ap.add_argument("--seconds", type=float, default=150, help="for the tile variants")
-    ap.add_argument("--shared-memory", type=int, metavar="ARCH",
+    ap.add_argument("--resources", type=int, metavar="ARCH",
                     help="no GPU: compile each tile variant for compute capability ARCH (90: H100, H200) and "
-                         "print the shared memory it needs, as JSON")
+                         "print its shared memory, registers and stack (spills), as JSON lines")
     args = ap.parse_args()
-    if args.shared_memory:
-        print(json.dumps(shared_memory(args.shared_memory, args.b, args.frames, args.cache)))
+    if args.resources:
+        for row in resources(args.resources, args.b, args.frames, args.cache):
+            print(json.dumps(row))
         return
     dev, cfg = torch.device("cuda"), FULL.dit
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
