@@ -543,6 +543,34 @@ def resources(arch: int, b: int = 2, frames: int = 50, cache: int = 300) -> list
     return rows
 
 
+def save(res: dict, out: str) -> None:
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "persistent_block.json").write_text(json.dumps(res, indent=1))
+
+
+def chain_us(cfg, dev, h, slots, programs: int, tiles: dict, n: int) -> dict:
+    """us per block over `n` distinct blocks in a row, as a DiT step runs them (each block's 9.4
+    MB of float16 weights then come from HBM: a single block timed alone keeps them in L2), under
+    one graph: the model's ops, and one persistent launch per block."""
+    from benchmarks.h200.fused_tiles import graphed_us
+    blocks = [_block(cfg, dev, torch.float16, seed=i) for i in range(n)]
+    kvs = [h[3].clone() for _ in blocks]
+    sync = torch.zeros(2, dtype=torch.int32, device=dev)
+
+    def ops():
+        y = h[0]
+        for blk, kv in zip(blocks, kvs):
+            y = blk.modulated(y, h[1], h[2], kv, slots)[0]
+
+    def kernel():
+        y = h[0]
+        for blk, kv in zip(blocks, kvs):
+            y = block_forward(blk, y, h[1], h[2], kv, slots, programs=programs, sync=sync, tiles=tiles)[0]
+    with torch.inference_mode():
+        return {"blocks": n, "ops": graphed_us(ops, per_graph=2) / n,
+                "persistent": graphed_us(kernel, per_graph=2) / n}
+
+
 def main() -> None:
     from benchmarks.h200.fused_tiles import graphed_us
     from c2w.runtime.model.config import FULL
@@ -553,6 +581,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=50)
     ap.add_argument("--cache", type=int, default=300)
     ap.add_argument("--seconds", type=float, default=150, help="for the tile variants")
+    ap.add_argument("--blocks", type=int, default=16, help="distinct blocks in a row, for the chained timing")
     ap.add_argument("--resources", type=int, metavar="ARCH",
                     help="no GPU: compile each tile variant for compute capability ARCH (90: H100, H200) and "
                          "print its shared memory, registers and stack (spills), as JSON lines")
@@ -622,8 +651,12 @@ def main() -> None:
             res["best_phase_us"] = {name: graphed_us(lambda p=p: block_forward(
                 half, h[0], h[1], h[2], kv_k, slots, programs=best["programs"], tiles=tiles, only=p))
                 for p, name in enumerate(PHASES)}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "persistent_block.json").write_text(json.dumps(res, indent=1))
+        save(res, args.out)
+        try:
+            res["chain_us"] = chain_us(cfg, dev, h, slots, best["programs"], tiles, args.blocks)
+        except Exception as exc:                      # noqa: BLE001 - keep what was measured
+            res["chain_us"] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+    save(res, args.out)
     print(f"\n{res['device']}, one DiT block, b={args.b} T={args.frames} L={args.cache}, float16, us per call under one graph")
     print(f"  the model's ops {res['ops_graphed_us']:.1f}; Inductor's build {res['inductor_graphed_us']:.1f} "
           f"(fp16 ops rel-L2 vs fp32: x {res['fp16_ops_rel_l2']['x']:.1e})")
@@ -633,6 +666,7 @@ def main() -> None:
               f"{ {k: v for k, v in b.items() if k not in ('us', 'by_phases_us', 'rel_l2', 'repeatable')} }, "
               f"rel-L2 vs fp32: x {b['rel_l2']['x']:.1e}")
         print("  its phases alone: " + ", ".join(f"{k} {v:.1f}" for k, v in res["best_phase_us"].items()))
+        print(f"  {args.blocks} distinct blocks in a row, us per block (weights from HBM, not L2): {res['chain_us']}")
 
 
 if __name__ == "__main__":
