@@ -171,7 +171,7 @@ def test_weights_in_another_layout_than_the_build_are_refused():
     """AOTI binds shared weights by pointer: a weight whose strides differ from the build's would
     be read in the wrong order, so loading refuses it (a package built before the DiT's conv
     weights were stored taps-outer must not bind the taps-outer tensors, nor the reverse; nor a
-    package built for the tap-major order of AOTI revisions 2-5)."""
+    package built for the tap-major order of AOTI revisions 2-4)."""
     from c2w.runtime.engines.aoti import check_layout
     from c2w.runtime.model.dit import CausalConvBlock
     from c2w.runtime.verify import weights_layout
