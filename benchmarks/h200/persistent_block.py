@@ -415,6 +415,7 @@ def _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync, programs):
     ffn = block.mlp.fc1.out_features
     tiles = {"BK": 64, "BMQ": 16, "BN_ATT": 64, "BN": 32, "BN_FC1": 64, "SHIFTED": True, "KS": 2, "num_warps": 4,
              **(tiles or {})}
+    tiles.pop("cooperative", None)                  # a launch option, block_forward's
     # one row tile per sequence; the shifted convolutions hold the T + 2 input rows in it
     tiles["BM"] = max(16, triton.next_power_of_2(frames + 2 if tiles["SHIFTED"] else frames))
     dev = x.device
@@ -448,12 +449,13 @@ def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Te
     `by_phases`, one launch per phase and no barrier: what Triton's interpreter can run; `only`:
     the launch of that phase alone, for timing) -> (x out, new conv cache); kv is written in place.
     x (b, T, d) float16 contiguous; mod (1, 1, 9 d); cnn_cache (b, 2 d, 2); kv (b, h, S, 2 hd).
-    `sync` (2,) int32 zeros, kept between launches (the kernel leaves it zeroed)."""
+    `sync` (2,) int32 zeros, kept between launches (the kernel leaves it zeroed). The one launch is
+    cooperative unless tiles["cooperative"] is False: CUDA then refuses a grid whose programs
+    cannot all be resident at once, which the barriers would otherwise wait on for ever."""
     args, consts, out, new_cnn = _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync, programs)
+    cooperative = (tiles or {}).get("cooperative", True)
     for p in ([only] if only is not None else range(len(PHASES)) if by_phases else [ALL]):
-        # one launch: cooperative, so that CUDA refuses a grid whose programs cannot all be
-        # resident at once, which the barriers would otherwise wait on for ever
-        _block_kernel[(programs,)](*args, PHASE=p, **consts, **({"launch_cooperative_grid": True} if p == ALL else {}))
+        _block_kernel[(programs,)](*args, PHASE=p, **consts, launch_cooperative_grid=cooperative and p == ALL)
     return out, new_cnn
 
 
@@ -616,9 +618,11 @@ def main() -> None:
               flush=True)
         t0 = time.time()
         for programs in (64, sms, 32):
-            for tiles in VARIANTS:
+            for tiles in (t for v in VARIANTS for t in (v, {**v, "cooperative": False})):
                 if time.time() - t0 > args.seconds:
                     break
+                if "cooperative" in tiles and "error" not in res["variants"][-1]:
+                    continue                        # plain launches: only where the cooperative one failed
                 row = {"programs": programs, **tiles}
                 sync = torch.zeros(2, dtype=torch.int32, device=dev)
                 kv_k = h[3].clone()
@@ -645,7 +649,7 @@ def main() -> None:
     res["best"] = min(ok, key=lambda r: r["us"]) if ok else None
     if res["best"]:                                 # each phase of the best alone, one launch each
         best = res["best"]
-        tiles = {k: v for k, v in best.items() if k in ("SHIFTED", "KS", "BN", "BN_FC1", "BMQ", "num_warps")}
+        tiles = {k: v for k, v in best.items() if k in ("SHIFTED", "KS", "BN", "BN_FC1", "BMQ", "num_warps", "cooperative")}
         with torch.inference_mode():
             kv_k = h[3].clone()
             res["best_phase_us"] = {name: graphed_us(lambda p=p: block_forward(
