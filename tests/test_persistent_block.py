@@ -10,6 +10,7 @@ times what the model's own float16 ops reach against float32 here (4.5e-4 to 5.6
 rounding of values near 1 is 4.9e-4). Cache slots the chunk does not write must keep their bits.
 """
 import copy
+import json
 import os
 
 import pytest
@@ -19,7 +20,9 @@ triton = pytest.importorskip("triton")
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":   # tests/conftest.py sets it
     pytest.skip("no CUDA and Triton's interpreter is off (TRITON_INTERPRET is not 1)", allow_module_level=True)
 
+from benchmarks.h200.kernel_resources import H100_SHARED_BYTES  # noqa: E402
 from benchmarks.h200.persistent_block import _block, block_forward, fits, inputs  # noqa: E402
+from tests.jit_process import jit_process  # noqa: E402
 from c2w.runtime.model.config import DiTConfig  # noqa: E402
 from c2w.runtime.units import rel_l2  # noqa: E402
 
@@ -63,29 +66,12 @@ def test_a_block_whose_norms_are_skipped_fails_the_bar():
     assert rel_l2(got_x.float(), want_x) > 10 * REL_L2
 
 
-H100_SHARED_BYTES = 232_448          # the most shared memory a program may use on compute capability 9.0
-
-
 def test_the_one_launch_kernel_fits_an_h100s_shared_memory():
     """The interpreter never allocates shared memory, so it cannot see a kernel too large to run
-    (run 35: 561,152 bytes asked at the real shapes). Compiled for sm_90 with a launch's alignment
-    hints (persistent_block.compiled_for), in a process with Triton's JIT on, the full model's
-    block at the device run's default tiles must fit."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
+    (run 35: 561,152 bytes asked at the real shapes). Compiled for sm_90 as a launch would
+    specialize it (persistent_block.compiled_for), in a process with Triton's JIT on, the full
+    model's block at the device run's default tiles must fit."""
     code = ("import json, torch; from benchmarks.h200 import persistent_block as pb; "
-            "from c2w.runtime.model.config import FULL; "
-            "block = pb._block(FULL.dit, 'cpu', torch.float16); "
-            "x, mod, cnn, kv, slots = (t.half() if t.is_floating_point() else t "
-            "for t in pb.inputs(FULL.dit, 2, 50, 300, 'cpu')); "
-            "print(json.dumps(pb.compiled_for(90, block, x, mod, cnn, kv, slots).metadata.shared))")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode and "ptxas" in done.stderr and "not found" in done.stderr:
-        pytest.skip("this Triton has no ptxas")
-    assert done.returncode == 0, done.stderr[-2000:]
-    shared = json.loads(done.stdout.strip().splitlines()[-1])
-    assert 0 < shared <= H100_SHARED_BYTES, shared
+            "print(json.dumps(pb.resources(90, variants=({},))[0]))")
+    usage = json.loads(jit_process(code).splitlines()[-1])
+    assert 0 < usage["shared"] <= H100_SHARED_BYTES, usage

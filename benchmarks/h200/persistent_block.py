@@ -408,14 +408,23 @@ def fits(block, x: torch.Tensor, kv: torch.Tensor) -> bool:
             and kv.stride(3) == 1 and block.mlp.fc1.out_features % 64 == 0)
 
 
-def _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync, programs):
-    """_block_kernel's arguments for these tensors -> (args, constexprs and options, out, new conv cache)."""
+def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, kv: torch.Tensor,
+                  slots: torch.Tensor, *, programs: int = 64, by_phases: bool = False, sync: torch.Tensor | None = None,
+                  tiles: dict | None = None, only: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DiTBlock.modulated(x, mod, cnn_cache, kv, slots) (the in-place form) in one launch (or, with
+    `by_phases`, one launch per phase and no barrier: what Triton's interpreter can run; `only`:
+    the launch of that phase alone, for timing) -> (x out, new conv cache); kv is written in place.
+    x (b, T, d) float16 contiguous; mod (1, 1, 9 d); cnn_cache (b, 2 d, 2); kv (b, h, S, 2 hd).
+    `sync` (2,) int32 zeros, kept between launches (the kernel leaves it zeroed). The one launch is
+    cooperative unless tiles["cooperative"] is False: CUDA then refuses a grid whose programs
+    cannot all be resident at once, which the barriers would otherwise wait on for ever."""
+    cooperative = (tiles or {}).get("cooperative", True)
     b, frames, d = x.shape
     heads, head_dim = block.attn.heads, block.attn.head_dim
     ffn = block.mlp.fc1.out_features
     tiles = {"BK": 64, "BMQ": 16, "BN_ATT": 64, "BN": 32, "BN_FC1": 64, "SHIFTED": True, "KS": 2, "num_warps": 4,
              **(tiles or {})}
-    tiles.pop("cooperative", None)                  # a launch option, block_forward's
+    tiles.pop("cooperative", None)                  # a launch option (above), not the kernel's
     # one row tile per sequence; the shifted convolutions hold the T + 2 input rows in it
     tiles["BM"] = max(16, triton.next_power_of_2(frames + 2 if tiles["SHIFTED"] else frames))
     dev = x.device
@@ -439,59 +448,19 @@ def _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync, programs):
         assert w.is_contiguous(), "the conv weights must be stored taps-outer (dit.taps_outer_)"
     consts = dict(D=d, H=heads, HD=head_dim, F=ffn, SLOTS=kv.shape[2], SCALE=head_dim ** -0.5, EPS_Q=float(attn.q_norm.eps),
                   EPS_K=float(attn.k_norm.eps), EPS_LN=float(ln.eps), **tiles)
-    return args, consts, out, new_cnn
-
-
-def block_forward(block, x: torch.Tensor, mod: torch.Tensor, cnn_cache: torch.Tensor, kv: torch.Tensor,
-                  slots: torch.Tensor, *, programs: int = 64, by_phases: bool = False, sync: torch.Tensor | None = None,
-                  tiles: dict | None = None, only: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """DiTBlock.modulated(x, mod, cnn_cache, kv, slots) (the in-place form) in one launch (or, with
-    `by_phases`, one launch per phase and no barrier: what Triton's interpreter can run; `only`:
-    the launch of that phase alone, for timing) -> (x out, new conv cache); kv is written in place.
-    x (b, T, d) float16 contiguous; mod (1, 1, 9 d); cnn_cache (b, 2 d, 2); kv (b, h, S, 2 hd).
-    `sync` (2,) int32 zeros, kept between launches (the kernel leaves it zeroed). The one launch is
-    cooperative unless tiles["cooperative"] is False: CUDA then refuses a grid whose programs
-    cannot all be resident at once, which the barriers would otherwise wait on for ever."""
-    args, consts, out, new_cnn = _launch(block, x, mod, cnn_cache, kv, slots, tiles, sync, programs)
-    cooperative = (tiles or {}).get("cooperative", True)
     for p in ([only] if only is not None else range(len(PHASES)) if by_phases else [ALL]):
         _block_kernel[(programs,)](*args, PHASE=p, **consts, launch_cooperative_grid=cooperative and p == ALL)
     return out, new_cnn
 
 
-_TRITON_TYPES = {torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
-
-
-def compiled_for(arch: int, block, x, mod, cnn_cache, kv, slots, tiles: dict | None = None, phase: int = ALL):
-    """_block_kernel compiled for CUDA compute capability `arch` (90: H100, H200) with no GPU, by
-    Triton's compiler and ptxas, specialized as a launch with these arguments would be: pointers
-    16-byte aligned, integers divisible by 16 marked so, integers equal to 1 made constants. The
-    result's `metadata.shared` is the shared memory a program needs. The alignment matters: with
-    it Triton 3.6 pipelined the item loops (asynchronous copies, a buffer per unrolled tile) and
-    asked for 561,152 bytes (run 35); the interpreter, and a compile without the hints, never
-    show that. Needs Triton's JIT: not under TRITON_INTERPRET=1."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    args, consts, _, _ = _launch(block, x, mod, cnn_cache, kv, slots, tiles, None, 1)
-    options = {"num_warps": consts.pop("num_warps")}
-    consts["PHASE"] = phase
-    names = _block_kernel.arg_names
-    signature, attrs = {}, {}
-    for i, (name, value) in enumerate(zip(names, args)):
-        if isinstance(value, torch.Tensor):
-            signature[name] = _TRITON_TYPES[value.dtype]
-            aligned = value.data_ptr() % 16 == 0
-        elif value == 1:
-            signature[name], consts[name], aligned = "constexpr", 1, False
-        else:
-            signature[name], aligned = "i32", value % 16 == 0
-        if aligned:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    for name in names[len(args):]:
-        signature[name] = "constexpr"
-    src = ASTSource(_block_kernel, signature, constexprs={(names.index(k),): v for k, v in consts.items()},
-                    attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+def compiled_for(arch: int, block, x, mod, cnn_cache, kv, slots, tiles: dict | None = None):
+    """The one-launch kernel for these arguments compiled for CUDA compute capability `arch` (90:
+    H100, H200) with no GPU, specialized as the launch would be (kernel_resources.compile_for).
+    Needs Triton's JIT: not under TRITON_INTERPRET=1."""
+    from benchmarks.h200.kernel_resources import compile_for, recorded
+    with recorded() as launches:
+        block_forward(block, x, mod, cnn_cache, kv, slots, programs=1, tiles=tiles)
+    return compile_for(launches[0], arch)
 
 
 def _block(cfg, device, dtype, seed=0):
@@ -521,28 +490,14 @@ def inputs(cfg, b: int, frames: int, cache: int, device, seed=1):
 VARIANTS = ({}, {"KS": 3}, {"KS": 1}, {"SHIFTED": False}, {"BN": 16}, {"num_warps": 8})   # the device run's
 
 
-def resources(arch: int, b: int = 2, frames: int = 50, cache: int = 300) -> list[dict]:
-    """Each of VARIANTS' tiles at the full model's block, its one-launch kernel compiled for compute
-    capability `arch` (`compiled_for`): the shared memory a program needs, and the registers per
-    thread and stack bytes (register spills) that ptxas gave it (cuobjdump -res-usage)."""
-    import re
-    import subprocess
-    import tempfile
+def resources(arch: int, b: int = 2, frames: int = 50, cache: int = 300, variants=VARIANTS) -> list[dict]:
+    """Each of `variants`' tiles at the full model's block: the shared memory, registers and stack
+    (spills) of its one-launch kernel on compute capability `arch` (`compiled_for`)."""
+    from benchmarks.h200.kernel_resources import usage
     from c2w.runtime.model.config import FULL
     block = _block(FULL.dit, "cpu", torch.float16)
     x, mod, cnn, kv, slots = (t.half() if t.is_floating_point() else t for t in inputs(FULL.dit, b, frames, cache, "cpu"))
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    rows = []
-    for tiles in VARIANTS:
-        kernel = compiled_for(arch, block, x, mod, cnn, kv, slots, tiles)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(kernel.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True,
-                                   check=True).stdout
-        regs, stack = (int(re.search(rf"{name}:(\d+)", usage).group(1)) for name in ("REG", "STACK"))
-        rows.append({**tiles, "shared": kernel.metadata.shared, "registers": regs, "stack": stack})
-    return rows
+    return [{**tiles, **usage(compiled_for(arch, block, x, mod, cnn, kv, slots, tiles))} for tiles in variants]
 
 
 def save(res: dict, out: str) -> None:
