@@ -352,7 +352,7 @@ def _upsample_phase(v: torch.Tensor, hop: int) -> torch.Tensor:
 
     left = per_sample(vp[..., :frames], vp[..., 1:frames + 1])          # v[i0]
     right = per_sample(vp[..., 1:frames + 1], vp[..., 2:])              # v[i1]
-    l0, l0_hi, l0_lo, l1 = (torch.tensor(w, device=v.device) for w in _upsample_weights(frames, hop))
+    l0, l0_hi, l0_lo, l1 = _on_device(_upsample_weights, (frames, hop), v.device)
     r = right * l1
     # fma(l0, left, r) = fl(p + e + r), where p + e == left * l0 exactly (Dekker's product)
     p = left * l0
@@ -379,6 +379,27 @@ def _window_envelope(frames: int, n_fft: int, hop: int) -> np.ndarray:
     env = env[n_fft // 2:n_fft // 2 + hop * (frames - 1)].astype(np.float32)
     env.setflags(write=False)
     return env
+
+
+def _on_device(tables, args: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The numpy constants `tables(*args)` (one array or a tuple of them) as tensors on `device`.
+    Traced (torch.export, torch.compile, an ONNX export) or off CUDA: torch.tensor, which a trace
+    keeps as constants of its graph. Eager on CUDA: asynchronous copies from pinned host copies
+    (`_pinned`), where torch.tensor's pageable copies stalled the host on every call and stopped a
+    CUDA graph's capture of eager HiFT (benchmarks/h200/README.md, the bench's eager-graph cell)."""
+    if device.type != "cuda" or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export():
+        found = tables(*args)
+        return tuple(torch.tensor(t, device=device) for t in (found if isinstance(found, tuple) else (found,)))
+    return tuple(t.to(device, non_blocking=True) for t in _pinned(tables, args))
+
+
+@functools.lru_cache(maxsize=64)
+def _pinned(tables, args: tuple) -> tuple[torch.Tensor, ...]:
+    """Pinned host copies of `tables(*args)`, kept for the 64 latest (tables, args). A CUDA graph
+    captured over eager HiFT copies from them at every replay: replay it while its frame count is
+    among those 64 (c2w bench captures and times at once)."""
+    found = tables(*args)
+    return tuple(torch.from_numpy(np.array(t)).pin_memory() for t in (found if isinstance(found, tuple) else (found,)))
 
 
 def _fourier_rows(n_fft: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -540,7 +561,7 @@ class HiftVocoder(nn.Module):
         frames_out = F.conv_transpose1d(spec, self.istft_kernel, stride=self.stft_hop)        # (B, 1, ...)
         pad = self.n_fft // 2
         length = self.stft_hop * (frames - 1)
-        envelope = torch.tensor(_window_envelope(frames, self.n_fft, self.stft_hop), device=spec.device)
+        envelope, = _on_device(_window_envelope, (frames, self.n_fft, self.stft_hop), spec.device)
         return frames_out[:, 0, pad:pad + length] / envelope
 
 

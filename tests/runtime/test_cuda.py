@@ -141,3 +141,30 @@ def test_example_inputs_are_drawn_on_the_device_they_are_for():
     default = SPECS["cfm"].example_inputs(cfg, key, seed=1, device="cuda")
     assert [(t.device.type, t.shape, t.dtype) for t in dev] == [(t.device.type, t.shape, t.dtype) for t in host]
     assert all(torch.equal(a, b) for a, b in zip(default, dev))
+
+
+def test_eager_hift_is_captured_in_one_cuda_graph():
+    """Eager HiFT on CUDA copies its constant tables from pinned host memory (hift._on_device), so
+    one CUDA graph captures it; replayed on new inputs, it gives eager's output to 1e-5."""
+    from c2w.runtime.model.config import TINY
+    from c2w.runtime.model.hift import HiftVocoder
+    torch.manual_seed(0)
+    hift = HiftVocoder(TINY.hift).cuda().eval()
+    frames, spf, harmonics = 20, TINY.hift.samples_per_frame, TINY.hift.nb_harmonics + 1
+    mel = torch.randn(2, TINY.mel_bins, frames, device="cuda")
+    noise = torch.randn(2, frames * spf, harmonics, device="cuda")
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                hift(mel, noise)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            speech, _ = hift(mel, noise)
+        for _ in range(2):
+            mel.copy_(torch.randn_like(mel))
+            noise.copy_(torch.randn_like(noise))
+            graph.replay()
+            torch.testing.assert_close(speech, hift(mel, noise)[0], rtol=1e-5, atol=1e-5)
