@@ -9,7 +9,7 @@ tile of output columns, or a tile of queries and a head) that the programs take 
 
   qkv        norm1 + modulation, recomputed per item from x's rows, then the packed q/k/v product;
              q/k LayerNorm per head; k and v written into the cache's slots
-  attention  q over every cache slot (online softmax, as triton_kernels.attention)
+  attention  q over every cache slot (triton_kernels.attend, the product's online softmax)
   out_proj   the output projection, its bias and the gated residual -> x1
   conv1      norm3 + modulation of x1 (recomputed per tap), the conv cache's rows before them, the
              first k=3 convolution as three shifted products -> y1
@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from c2w.runtime.model.triton_kernels import _layer_norm, _mish  # noqa: E402
+from c2w.runtime.model.triton_kernels import _layer_norm, _mish, attend  # noqa: E402
 
 PHASES = ("qkv", "attention", "out_proj", "conv1", "conv2", "fc1", "fc2")
 ALL = -1
@@ -146,24 +146,8 @@ def _attention_item(item, q_s, kv, att, T, QT, kv_seq, kv_head, kv_slot, D: tl.c
     rows = (seq * T + t).to(tl.int64) * D
     q = tl.load(q_s + rows[:, None] + head * HD + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
     cache = kv + seq.to(tl.int64) * kv_seq + head.to(tl.int64) * kv_head
-    m = tl.full([BMQ], float("-inf"), tl.float32)
-    total = tl.zeros([BMQ], dtype=tl.float32)
-    acc = tl.zeros([BMQ, HD], dtype=tl.float32)
-    for start in range(0, SLOTS, BN):
-        s = start + tl.arange(0, BN).to(tl.int64)
-        inside = s < SLOTS
-        k = tl.load(cache + s[None, :] * kv_slot + d[:, None], mask=inside[None, :], other=0.0, cache_modifier=".cg")
-        v = tl.load(cache + s[:, None] * kv_slot + HD + d[None, :], mask=inside[:, None], other=0.0,
-                    cache_modifier=".cg")
-        scores = tl.dot(q, k) * (SCALE * 1.4426950408889634)
-        scores = tl.where(inside[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        p = tl.math.exp2(scores - m_new[:, None])
-        rescale = tl.math.exp2(m - m_new)
-        total = total * rescale + tl.sum(p, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(p.to(tl.float16), v)
-        m = m_new
-    tl.store(att + rows[:, None] + head * HD + d[None, :], (acc / total[:, None]).to(tl.float16), mask=ok[:, None])
+    o = attend(q, cache, kv_slot, HD, SLOTS, SCALE, BN, ".cg")       # k and v were written by phase qkv
+    tl.store(att + rows[:, None] + head * HD + d[None, :], o.to(tl.float16), mask=ok[:, None])
 
 
 @triton.jit
@@ -290,6 +274,20 @@ def _conv_item_shifted(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_fram
 
 
 @triton.jit
+def _conv_phase(pid, programs, items, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bias, res_in, y_out,
+                new_cnn, shift, T, SECOND: tl.constexpr, SHIFTED: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                BK: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr, KS: tl.constexpr):
+    """This program's items of phase conv1 (SECOND false) or conv2, in the shifted form or tap by tap."""
+    for item in tl.range(pid, items, programs, num_stages=1):
+        if SHIFTED:
+            _conv_item_shifted(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bias, res_in, y_out,
+                               new_cnn, shift, T, SECOND, D, BM, BK, BN, EPS, KS)
+        else:
+            _conv_item(item, src, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, w, bias, res_in, y_out, new_cnn,
+                       T, SECOND, D, BM, BK, BN, EPS, KS)
+
+
+@triton.jit
 def _store_new_cache(new_cnn, seq, frame, mask, k, a, SECOND: tl.constexpr, D: tl.constexpr):
     """The new conv cache (b, 2 d, 2) contiguous: channels [conv1's input | conv2's input], frames
     the input's last two."""
@@ -364,23 +362,13 @@ def _block_kernel(
     if PHASE == -1:
         _grid_barrier(sync, 3 * programs)
     if PHASE == -1 or PHASE == 3:
-        for item in tl.range(pid, seqs * (D // BN), programs, num_stages=1):
-            if SHIFTED:
-                _conv_item_shifted(item, x1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c1_w, c1_b, x1, y1,
-                                   new_cnn, shift_mine, T, False, D, BM, BK, BN, EPS_LN, KS)
-            else:
-                _conv_item(item, x1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c1_w, c1_b, x1, y1, new_cnn,
-                           T, False, D, BM, BK, BN, EPS_LN, KS)
+        _conv_phase(pid, programs, seqs * (D // BN), x1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c1_w, c1_b,
+                    x1, y1, new_cnn, shift_mine, T, False, SHIFTED, D, BM, BK, BN, EPS_LN, KS)
     if PHASE == -1:
         _grid_barrier(sync, 4 * programs)
     if PHASE == -1 or PHASE == 4:
-        for item in tl.range(pid, seqs * (D // BN), programs, num_stages=1):
-            if SHIFTED:
-                _conv_item_shifted(item, y1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c2_w, c2_b, x1, x2,
-                                   new_cnn, shift_mine, T, True, D, BM, BK, BN, EPS_LN, KS)
-            else:
-                _conv_item(item, y1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c2_w, c2_b, x1, x2, new_cnn,
-                           T, True, D, BM, BK, BN, EPS_LN, KS)
+        _conv_phase(pid, programs, seqs * (D // BN), y1, mod, ln_w, ln_b, cnn, cs_seq, cs_chan, cs_frame, c2_w, c2_b,
+                    x1, x2, new_cnn, shift_mine, T, True, SHIFTED, D, BM, BK, BN, EPS_LN, KS)
     if PHASE == -1:
         _grid_barrier(sync, 5 * programs)
     if PHASE == -1 or PHASE == 5:

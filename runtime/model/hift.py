@@ -388,9 +388,13 @@ def _on_device(tables, args: tuple, device: torch.device) -> tuple[torch.Tensor,
     (`_pinned`), where torch.tensor's pageable copies stalled the host on every call and stopped a
     CUDA graph's capture of eager HiFT (benchmarks/h200/README.md, the bench's eager-graph cell)."""
     if device.type != "cuda" or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export():
-        found = tables(*args)
-        return tuple(torch.tensor(t, device=device) for t in (found if isinstance(found, tuple) else (found,)))
+        return tuple(torch.tensor(t, device=device) for t in _arrays(tables, args))
     return tuple(t.to(device, non_blocking=True) for t in _pinned(tables, args))
+
+
+def _arrays(tables, args: tuple) -> tuple[np.ndarray, ...]:
+    found = tables(*args)
+    return found if isinstance(found, tuple) else (found,)
 
 
 @functools.lru_cache(maxsize=64)
@@ -398,8 +402,7 @@ def _pinned(tables, args: tuple) -> tuple[torch.Tensor, ...]:
     """Pinned host copies of `tables(*args)`, kept for the 64 latest (tables, args). A CUDA graph
     captured over eager HiFT copies from them at every replay: replay it while its frame count is
     among those 64 (c2w bench captures and times at once)."""
-    found = tables(*args)
-    return tuple(torch.from_numpy(np.array(t)).pin_memory() for t in (found if isinstance(found, tuple) else (found,)))
+    return tuple(torch.from_numpy(np.array(t)).pin_memory() for t in _arrays(tables, args))
 
 
 def _fourier_rows(n_fft: int) -> tuple[torch.Tensor, torch.Tensor]:

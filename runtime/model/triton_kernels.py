@@ -267,6 +267,36 @@ def multiprocessors(device: torch.device) -> int:
 
 
 @triton.jit
+def attend(q_tile, cache, kv_slot, D: tl.constexpr, SLOTS: tl.constexpr, SCALE: tl.constexpr,
+           BLOCK_N: tl.constexpr, CACHE: tl.constexpr):
+    """q_tile (M, D) over every slot of one (sequence, head)'s cache, [k | v] rows kv_slot apart
+    -> (M, D) float32: the online softmax in base 2 (exp(x) = 2^(x log2 e)), float32 statistics
+    and accumulator, the probabilities rounded to the cache's dtype for their product with v.
+    `CACHE`: the loads' cache modifier ("" by default; ".cg" for a cache written earlier in the
+    same launch, which L1 may hold stale)."""
+    d = tl.arange(0, D)
+    m = tl.full([q_tile.shape[0]], float("-inf"), tl.float32)
+    total = tl.zeros([q_tile.shape[0]], dtype=tl.float32)
+    acc = tl.zeros([q_tile.shape[0], D], dtype=tl.float32)
+    for start in range(0, SLOTS, BLOCK_N):
+        s = start + tl.arange(0, BLOCK_N).to(tl.int64)
+        inside = s < SLOTS
+        k = tl.load(cache + s[None, :] * kv_slot + d[:, None], mask=inside[None, :], other=0.0,
+                    cache_modifier=CACHE)                                                   # (D, N)
+        v = tl.load(cache + s[:, None] * kv_slot + D + d[None, :], mask=inside[:, None], other=0.0,
+                    cache_modifier=CACHE)                                                   # (N, D)
+        scores = tl.dot(q_tile, k) * (SCALE * 1.4426950408889634)
+        scores = tl.where(inside[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        p = tl.math.exp2(scores - m_new[:, None])
+        rescale = tl.math.exp2(m - m_new)
+        total = total * rescale + tl.sum(p, axis=1)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    return acc / total[:, None]
+
+
+@triton.jit
 def _attention_kernel(q, kv, out, frames, q_seq, q_frame, kv_seq, kv_head, kv_slot,
                       H: tl.constexpr, D: tl.constexpr, SLOTS: tl.constexpr, SCALE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -277,25 +307,7 @@ def _attention_kernel(q, kv, out, frames, q_seq, q_frame, kv_seq, kv_head, kv_sl
     d = tl.arange(0, D)
     live = t < frames
     q_tile = tl.load(q + seq * q_seq + head * D + t[:, None] * q_frame + d[None, :], mask=live[:, None], other=0.0)
-    cache = kv + seq * kv_seq + head * kv_head
-    # the online softmax in base 2: exp(x) = 2^(x log2 e)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    for start in range(0, SLOTS, BLOCK_N):
-        s = start + tl.arange(0, BLOCK_N).to(tl.int64)
-        inside = s < SLOTS
-        k = tl.load(cache + s[None, :] * kv_slot + d[:, None], mask=inside[None, :], other=0.0)         # (D, N)
-        v = tl.load(cache + s[:, None] * kv_slot + D + d[None, :], mask=inside[:, None], other=0.0)     # (N, D)
-        scores = tl.dot(q_tile, k) * (SCALE * 1.4426950408889634)
-        scores = tl.where(inside[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        p = tl.math.exp2(scores - m_new[:, None])
-        rescale = tl.math.exp2(m - m_new)
-        total = total * rescale + tl.sum(p, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
-    o = acc / total[:, None]
+    o = attend(q_tile, kv + seq * kv_seq + head * kv_head, kv_slot, D, SLOTS, SCALE, BLOCK_N, "")
     tl.store(out + ((seq * frames + t) * (H * D))[:, None] + head * D + d[None, :], o.to(out.dtype.element_ty),
              mask=live[:, None])
 
