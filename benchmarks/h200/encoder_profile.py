@@ -23,7 +23,8 @@ Run 20c measured the fused form at 354d859, where q + u went to the fused call a
 is; the model's form since makes it contiguous first (the ONNX exporter needs it: docs/numerics.md).
 
 Usage (device): python3 benchmarks/h200/encoder_profile.py --batch 32 --tokens 78 --cache 400 [--attn unfused]
-  [--conv cudnn] [--phase build|time|all] --out $OUT. Writes $OUT/encoder_profile_B{B}_N{N}_C{C}_{attn}[_cudnn].json;
+  [--conv cudnn] [--tag TAG] [--phase build|time|all] --out $OUT. Writes
+  $OUT/encoder_profile_B{B}_N{N}_C{C}_{attn}[_cudnn][_TAG].json;
   `--phase build` builds /tmp/<the same name>.pt2 only (several builds side by side, then time them
   one at a time with `--phase time`).
 """
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--cache", type=int, default=400)
     ap.add_argument("--attn", choices=ATTENTION, default="model")
     ap.add_argument("--conv", choices=CONVOLUTIONS, default="model")
+    ap.add_argument("--tag", default="", help="appended to the build's and the result's name (a patched tree's build)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--phase", choices=("all", "build", "time"), default="all")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -102,7 +104,7 @@ def main() -> None:
     key, spec = ShapeKey("flow_encoder", (a.batch, a.tokens, a.cache, 0), "float16"), SPECS["flow_encoder"]
     unit = spec.build(model, key).eval()
     x = spec.example_inputs(model.cfg, key, seed=1, device=dev)
-    name = f"encoder_profile_B{a.batch}_N{a.tokens}_C{a.cache}_{a.attn}" + ("_cudnn" if a.conv == "cudnn" else "")
+    name = f"encoder_profile_B{a.batch}_N{a.tokens}_C{a.cache}_{a.attn}" + ("_cudnn" if a.conv == "cudnn" else "") + (f"_{a.tag}" if a.tag else "")
     path, built = Path(f"/tmp/{name}.pt2"), Path(f"/tmp/{name}.build.json")
     if a.phase == "time" and path.is_file() and built.is_file():
         done = json.loads(built.read_text())
@@ -118,7 +120,7 @@ def main() -> None:
     info = ArtifactInfo(path, spec.input_names(key), spec.output_names, tuple(tuple(t.shape) for t in x),
                         tuple(str(t.dtype).removeprefix("torch.") for t in x), extra)
     weights = unit_weights(unit)
-    res = {"B": a.batch, "N": a.tokens, "C": a.cache, "attn": a.attn, "conv": a.conv, "build_s": round(build_s, 1),
+    res = {"B": a.batch, "N": a.tokens, "C": a.cache, "attn": a.attn, "conv": a.conv, "tag": a.tag, "build_s": round(build_s, 1),
            "commit": os.environ.get("C2W_COMMIT", "unknown")}
     with torch.inference_mode():
         want = unit(*x)
