@@ -344,7 +344,7 @@ def attention_fits(q: torch.Tensor, kv: torch.Tensor) -> bool:
 
 # the f0 predictor's convolution tiles: rows of (sequence, frame) x output channels per program,
 # input channels per step, warps, pipeline stages. benchmarks/h200/hift_kernels.py timed them on an
-# H100 (runs 32, 35b, 36c): at B=32 the wide tile (F=158: 765 against 850 us for run 35's 64x128
+# H100 (runs 32, 35b, 36c): at B=32 the wide tile (F=158: 765 against 863 us for run 35's 64x128
 # tile at 4 warps, which also spills registers on Triton 3.6; F=58: 281 against 349), at B=8 and
 # B=1 F=58 the narrow one (B=8: 145 against 268 us; 32 wide programs).
 F0_WIDE_TILE = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=8, num_stages=3)
