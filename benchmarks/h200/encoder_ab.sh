@@ -7,7 +7,7 @@
 # The results (tag "main" and the patch's name) and build logs come back in $OUT/encoder_ab.tgz.
 set -u
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=${THREADS:-4}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/encoder_ab
+OUT=${OUT:-/tmp/out}; rm -rf /tmp/encoder_ab; mkdir -p "$OUT" /tmp/encoder_ab
 ROOT=$PWD; TAG=$(basename "${PATCH:?a patch file, relative to the repo root}" .patch)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 rm -rf "/tmp/tree_$TAG" && cp -r "$ROOT" "/tmp/tree_$TAG" && (cd "/tmp/tree_$TAG" && git apply "$ROOT/$PATCH") \
@@ -28,8 +28,8 @@ wait
 echo "parallel builds: $(( $(date +%s) - t0 )) s"
 for shape in "${SHAPES[@]}"; do
   # shellcheck disable=SC2086
-  profile "$ROOT" main time $shape 2>&1 | grep encoder_profile_
+  profile "$ROOT" main time $shape 2>&1 | tee "/tmp/encoder_ab/time_main_${shape// /_}.log" | grep encoder_profile_
   # shellcheck disable=SC2086
-  profile "/tmp/tree_$TAG" "$TAG" time $shape 2>&1 | grep encoder_profile_
+  profile "/tmp/tree_$TAG" "$TAG" time $shape 2>&1 | tee "/tmp/encoder_ab/time_${TAG}_${shape// /_}.log" | grep encoder_profile_
 done
 tar czf "$OUT/encoder_ab.tgz" -C /tmp/encoder_ab .

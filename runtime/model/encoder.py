@@ -343,7 +343,8 @@ class ConformerEncoder(nn.Module):
 
         Upstream slices the full +-(keys-1) window and discards the right part after its skew; rows
         below -(queries-1) are never read, so we project only the few that align the position
-        product's output rows (float16, 16 bytes: `position_scores`). Static ints only."""
+        product's output rows (float16, 16 bytes: `position_scores`). Under a dynamic export the
+        bounds are symbolic; the spec's dim ranges keep the table-end clamp decidable."""
         centre = MAX_POS - 1
         end = min(centre + queries + (-(queries + keys - 1)) % 8, self.pos_table.shape[1])
         return self.pos_table[:, centre - keys + 1: end].to(dtype)
