@@ -40,11 +40,9 @@ def _conformer_block(cfg: ModelConfig, B: int, queries: int, keys: int) -> int:
     """One rel-pos Conformer block: `queries` frames attending to `keys` (cache + themselves)."""
     e = cfg.encoder
     rows = B * queries
-    rel = queries + keys - 1
-    rel += -rel % 8                                           # relative rows projected once, 8-aligned
+    rel = queries + keys - 1                                  # relative-position rows projected once
     return (4 * _linear(rows, e.width, e.width) + _linear(rel, e.width, e.width)
             + 2 * B * queries * (2 * keys + rel) * e.width   # content, position and value products
-            + 2 * rel * e.width                               # the position bias v . P, once per head
             + _linear(rows, e.width, e.ffn) + _linear(rows, e.ffn, e.width))
 
 

@@ -334,9 +334,9 @@ SPECS: dict[str, UnitSpec] = {
         # 1: from 512 rows the attention is one fused call (runtime.model.encoder.FUSED_ATTENTION_ROWS)
         # 2: the three convolutions as one product each in the (B, T, D) layout, their weights
         # stored taps-outer (dit.conv_by_product, as the DiT's since its revision 2)
-        # 3: the position scores as one product per head over every query row, the relative
-        # table padded to a multiple of 8 rows (encoder.position_scores; design note 27)
-        revisions={"aoti": 3, "onnxruntime": 3, "tensorrt": 3}),
+        # (3, the position scores as one product per head over every query row, was measured and
+        # taken back, so the code and its builds are revision 2's again: design note 27)
+        revisions={"aoti": 2, "onnxruntime": 2, "tensorrt": 2}),
     "cfm": UnitSpec(
         name="cfm", dim_names=("B", "T", "L"),
         output_names=("mel", "new_cnn_cache", "new_att_cache"),

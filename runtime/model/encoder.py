@@ -165,19 +165,19 @@ class _RelPosSelfAttention(PackedQKV):
     def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, T, D) queries (already normalised); cache: (B, H, C, 2*d_k) or None;
-        rel_pos: (1, W, D) table rows for relative positions +(C+T-1) downwards, W >= C + 2T - 1
-        (rows past -(T-1) are never read).
+        rel_pos: (1, T + C + T - 1, D) table rows for relative positions +(C+T-1) .. -(T-1).
         Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
         b, t, d = x.shape
-        rows, k, v = self.project(x)
-        q, k, v = self._heads(rows), self._heads(k), self._heads(v)
+        q, k, v = (self._heads(y) for y in self.project(x))
         if cache is not None:
             k = torch.cat([cache[..., : self.d_k], k], dim=2)
             v = torch.cat([cache[..., self.d_k:], v], dim=2)
         new_cache = torch.cat([k, v], dim=3)
         s = k.shape[2]                                                          # keys: C + T
 
-        position = _align_relative(position_scores(rows, self.pos_bias_v, self.linear_pos(rel_pos)), s)
+        p = self._heads(self.linear_pos(rel_pos))                               # (1, H, T+S-1, d_k)
+        position = torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(2, 3))     # (B,H,T,T+S-1)
+        position = _align_relative(position, s)                                 # (B,H,T,S)
         q_u = q + self.pos_bias_u.unsqueeze(1)
         if b * t >= FUSED_ATTENTION_ROWS:       # its scale, 1/sqrt(d_k), applies to q_u . k only
             y = F.scaled_dot_product_attention(q_u.contiguous(), k, v, attn_mask=position / math.sqrt(self.d_k))
@@ -187,35 +187,14 @@ class _RelPosSelfAttention(PackedQKV):
         return self.linear_out(y.transpose(1, 2).reshape(b, t, d)), new_cache
 
 
-def position_scores(rows: torch.Tensor, bias: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """(q + v) . P per head: rows (B, T, D) the queries as projected, bias (H, d_k) the learned v,
-    table (1, W, D) the projected relative rows P -> (B, H, T, W).
-
-    Computed as q . P + v . P: one product per head over all B x T query rows, read in place from
-    the q/k/v product's output, against that head's (d_k, W) slice of the table, which every
-    sequence shares; v . P is one row per head, added where the scores are next read. As upstream
-    writes it, (B, H, T, d_k) against the table broadcast to (1, H, d_k, W), the product is batched
-    over (B, H) with the table's stride 0 along B, which Inductor serves by copying the table B
-    times (at B=32 N=78 C=400, 11-23 MB per block: benchmarks/h200/README.md, run 36e), and the
-    bias needs its own pass over q. W a multiple of 8 keeps the product's float16 output rows
-    aligned (`ConformerEncoder._rel_pos` pads it so)."""
-    b, t, _ = rows.shape
-    heads, d_k = bias.shape
-    w = table.shape[1]
-    q = rows.view(b, t, heads, d_k).permute(2, 0, 1, 3).reshape(heads, b * t, d_k)    # a view
-    p = table[0].view(w, heads, d_k).permute(1, 2, 0)                                # (H, d_k, W)
-    scores = torch.bmm(q, p) + torch.bmm(bias.unsqueeze(1), p)                       # (H, B*T, W)
-    return scores.view(heads, b, t, w).permute(1, 0, 2, 3)
-
-
 def _align_relative(scores: torch.Tensor, keys: int) -> torch.Tensor:
-    """(B, H, T, W) scores against relative rows, W >= T+S-1 -> (B, H, T, S) scores against keys.
+    """(B, H, T, T+S-1) scores against relative rows -> (B, H, T, S) scores against keys.
 
     Column r of query i belongs to relative offset (S-1) - r; query i sits at absolute position
     S-T+i, so key j needs r = T-1-i+j. Each row therefore shifts left by one more than the row above
     it. Done with the pad/flatten/re-slice skew (pure Pad/Reshape/Slice, no gather): after padding one
-    column in front, row stride is W+1, and element (i, j) of the result is flat index T + i*W + j
-    of the padded buffer. Columns past T+S-1 (rows below -(T-1), padding) are never read.
+    column in front, row stride is W+1 where W = T+S-1, and element (i, j) of the result is flat
+    index T + i*W + j of the padded buffer.
     """
     b, h, t, w = scores.shape
     flat = F.pad(scores, (1, 0)).reshape(b, h, t * (w + 1))
@@ -338,16 +317,12 @@ class ConformerEncoder(nn.Module):
 
     # ---- compute ------------------------------------------------------------------------------
     def _rel_pos(self, queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
-        """Table rows for relative offsets +(keys-1) .. -(queries-1), and below that up to 7 more to
-        make their count a multiple of 8 (as far as the table goes): (1, W, D), W >= queries+keys-1.
+        """Table rows for relative offsets +(keys-1) .. -(queries-1): (1, queries+keys-1, D).
 
         Upstream slices the full +-(keys-1) window and discards the right part after its skew; rows
-        below -(queries-1) are never read, so we project only the few that align the position
-        product's output rows (float16, 16 bytes: `position_scores`). Under a dynamic export the
-        bounds are symbolic; the spec's dim ranges keep the table-end clamp decidable."""
+        below -(queries-1) are never read, so we do not project them. Static ints only."""
         centre = MAX_POS - 1
-        end = min(centre + queries + (-(queries + keys - 1)) % 8, self.pos_table.shape[1])
-        return self.pos_table[:, centre - keys + 1: end].to(dtype)
+        return self.pos_table[:, centre - keys + 1: centre + queries].to(dtype)
 
     def forward_chunk(self, xs: torch.Tensor, cnn_cache: torch.Tensor | None = None,
                       att_cache: torch.Tensor | None = None, last_chunk: bool = False

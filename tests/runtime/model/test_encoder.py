@@ -8,7 +8,7 @@ import torch
 
 from c2w.runtime.errors import C2WUserError
 from c2w.runtime.model.config import FULL, TINY, EncoderConfig
-from c2w.runtime.model.encoder import FUSED_ATTENTION_ROWS, MAX_POS, ConformerEncoder, _RelPosSelfAttention, position_scores
+from c2w.runtime.model.encoder import FUSED_ATTENTION_ROWS, MAX_POS, ConformerEncoder
 
 from tests.oracle import oracle_encoder
 
@@ -254,43 +254,6 @@ def test_torch_export_matches_eager(tiny, last):
         got, ref = ep.module()(*args), step(*args)
     assert got[0].shape == (1, ours.output_frames(28, last), TINY.encoder.width)
     assert_close(got, ref, f"export last={last}")
-
-
-def test_position_scores_are_the_broadcast_product():
-    """(q + v) . P per head, as upstream's broadcast of the shared table over the batch computes it."""
-    g = torch.Generator().manual_seed(3)
-    b, t, heads, d_k, w = 3, 5, 4, 8, 13
-    rows = torch.randn(b, t, heads * d_k, generator=g, dtype=torch.float64)
-    bias = torch.randn(heads, d_k, generator=g, dtype=torch.float64)
-    table = torch.randn(1, w, heads * d_k, generator=g, dtype=torch.float64)
-    q = rows.view(b, t, heads, d_k).transpose(1, 2) + bias.unsqueeze(1)              # (B, H, T, d_k)
-    p = table.view(1, w, heads, d_k).transpose(1, 2)                                 # (1, H, W, d_k)
-    want = torch.matmul(q, p.transpose(2, 3))
-    got = position_scores(rows, bias, table)
-    assert got.shape == (b, heads, t, w)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-
-
-def test_the_position_product_is_one_product_per_head_over_every_query_row():
-    """Not a product batched over (B, H) with the table broadcast along B, which Inductor serves by
-    copying the table B times (benchmarks/h200/README.md, run 36e)."""
-    b, t, cached = 4, 200, 6
-    attn = _RelPosSelfAttention(32, 4).eval()
-    rel_pos = torch.randn(1, 2 * t + cached - 1 + 3, 32)
-    ep = torch.export.export(attn, (torch.randn(b, t, 32), rel_pos, torch.randn(b, 4, cached, 16)))
-    shapes = [tuple(n.meta["val"].shape) for n in ep.graph.nodes
-              if n.op == "call_function" and n.target in (torch.ops.aten.bmm.default, torch.ops.aten.matmul.default)]
-    assert (4, b * t, rel_pos.shape[1]) in shapes
-    assert not [s for s in shapes if len(s) == 4 and s[-1] == rel_pos.shape[1]]
-
-
-@pytest.mark.parametrize("queries, keys", [(25, 175), (150, 550), (1, 1), (MAX_POS - 2, MAX_POS)])
-def test_relative_rows_come_in_multiples_of_8_where_the_table_allows(queries, keys):
-    enc = ConformerEncoder(TINY.encoder)
-    rows = enc._rel_pos(queries, keys, torch.float32)
-    need, centre = queries + keys - 1, MAX_POS - 1
-    assert need <= rows.shape[1] < need + 8 and (rows.shape[1] % 8 == 0 or centre - keys + 1 + rows.shape[1] == 2 * MAX_POS - 1)
-    assert torch.equal(rows[:, :need], enc.pos_table[:, centre - keys + 1: centre + queries])
 
 
 @pytest.mark.parametrize("batch", [1, 24])      # 24: the fused attention
