@@ -335,8 +335,10 @@ SPECS: dict[str, UnitSpec] = {
         # 2: the three convolutions as one product each in the (B, T, D) layout, their weights
         # stored taps-outer (dit.conv_by_product, as the DiT's since its revision 2)
         # (3, the position scores as one product per head over every query row, was measured and
-        # taken back, so the code and its builds are revision 2's again: design note 27)
-        revisions={"aoti": 2, "onnxruntime": 2, "tensorrt": 2}),
+        # taken back: design note 27)
+        # AOTI 4: each block writes its new cache into its layer of the output (design note 28);
+        # the ONNX graphs keep revision 2's stacked caches
+        revisions={"aoti": 4, "onnxruntime": 2, "tensorrt": 2}),
     "cfm": UnitSpec(
         name="cfm", dim_names=("B", "T", "L"),
         output_names=("mel", "new_cnn_cache", "new_att_cache"),
