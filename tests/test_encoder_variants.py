@@ -1,8 +1,8 @@
 """The encoder forms benchmarks/h200/encoder_profile.py measures against the model's compute the
 model's function: the attention's (`--attn unfused`, upstream's form at every size) on both sides
-of FUSED_ATTENTION_ROWS, with and without a cache, writing its new cache in place or not, and
-the convolutions' (`--conv cudnn`) over a
-whole encoder step. A wrong form must not reach a device call."""
+of FUSED_ATTENTION_ROWS, with and without a cache, writing its new cache in place or not, and the
+convolutions' (`--conv cudnn`) over a whole encoder step. A wrong form must not reach a device
+call."""
 import pytest
 import torch
 
