@@ -334,11 +334,10 @@ SPECS: dict[str, UnitSpec] = {
         # 1: from 512 rows the attention is one fused call (runtime.model.encoder.FUSED_ATTENTION_ROWS)
         # 2: the three convolutions as one product each in the (B, T, D) layout, their weights
         # stored taps-outer (dit.conv_by_product, as the DiT's since its revision 2)
-        # (3, the position scores as one product per head over every query row, was measured and
-        # taken back: design note 27)
-        # AOTI 4: each block writes its new cache into its layer of the output (design note 28);
-        # the ONNX graphs keep revision 2's stacked caches
-        revisions={"aoti": 4, "onnxruntime": 2, "tensorrt": 2}),
+        # (3, the position scores as one product per head over every query row, and AOTI 4, the
+        # caches written in place, were measured and taken back, so the code and its builds are
+        # revision 2's again: design notes 27 and 28)
+        revisions={"aoti": 2, "onnxruntime": 2, "tensorrt": 2}),
     "cfm": UnitSpec(
         name="cfm", dim_names=("B", "T", "L"),
         output_names=("mel", "new_cnn_cache", "new_att_cache"),

@@ -5,8 +5,7 @@ part of `flow.pt`), rewritten so one streaming step is a pure function of its in
 
     h, cnn_cache, att_cache = encoder.forward_chunk(xs, cnn_cache, att_cache, last_chunk)
 
-No state lives in the module between calls, nothing but its own new cache is written in place
-(each block writes its part of it where the output keeps it), and every Python branch
+No state lives in the module between calls, nothing is written in place, and every Python branch
 depends only on shapes or on `last_chunk` (a static property of the export key), so
 `torch.export` and the ONNX exporter see one straight-line graph per exact shape.
 
@@ -163,27 +162,18 @@ class _RelPosSelfAttention(PackedQKV):
         b, t, _ = x.shape
         return x.reshape(b, t, self.heads, self.d_k).transpose(1, 2)           # (B, H, t, d_k)
 
-    def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None,
-                into: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, T, D) queries (already normalised); cache: (B, H, C, 2*d_k) or None;
-        rel_pos: (1, T + C + T - 1, D) table rows for relative positions +(C+T-1) .. -(T-1);
-        into: None, or a (B, H, r * (C + T), 2*d_k) tensor to write the new cache into, r times
-        along time (the first stack's cache is stored twice), attended to there.
+        rel_pos: (1, T + C + T - 1, D) table rows for relative positions +(C+T-1) .. -(T-1).
         Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
         b, t, d = x.shape
         q, k, v = (self._heads(y) for y in self.project(x))
-        s = t if cache is None else cache.shape[2] + t                          # keys: C + T
-        if into is None:
-            if cache is not None:
-                k = torch.cat([cache[..., : self.d_k], k], dim=2)
-                v = torch.cat([cache[..., self.d_k:], v], dim=2)
-            new_cache = torch.cat([k, v], dim=3)
-        else:
-            # one copy into a whole tensor, which Inductor writes in place (slice writes it does not)
-            new = torch.cat([k, v], dim=3) if cache is None else torch.cat([cache, torch.cat([k, v], dim=3)], dim=2)
-            into.copy_(torch.cat([new] * (into.shape[2] // s), dim=2))
-            new_cache = into[:, :, :s]
-            k, v = new_cache[..., : self.d_k], new_cache[..., self.d_k:]
+        if cache is not None:
+            k = torch.cat([cache[..., : self.d_k], k], dim=2)
+            v = torch.cat([cache[..., self.d_k:], v], dim=2)
+        new_cache = torch.cat([k, v], dim=3)
+        s = k.shape[2]                                                          # keys: C + T
 
         p = self._heads(self.linear_pos(rel_pos))                               # (1, H, T+S-1, d_k)
         position = torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(2, 3))     # (B,H,T,T+S-1)
@@ -231,9 +221,9 @@ class _ConformerBlock(nn.Module):
         self.norm_ff = nn.LayerNorm(cfg.width, eps=1e-12)
         self.norm_mha = nn.LayerNorm(cfg.width, eps=1e-12)
 
-    def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None,
-                into: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        a, new_cache = self.self_attn(self.norm_mha(x), rel_pos, cache, into)
+    def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        a, new_cache = self.self_attn(self.norm_mha(x), rel_pos, cache)
         x = x + a
         x = x + self.feed_forward(self.norm_ff(x))
         return x, new_cache
@@ -360,32 +350,28 @@ class ConformerEncoder(nn.Module):
         x, new_cnn1 = self.pre_lookahead_layer(x, cnn1)                        # (B, T1, D)
 
         t1 = x.shape[1]
-        # Each block writes its new cache once, into its layer of the output, and attends to it
-        # there (design note 28). An ONNX graph stacks the blocks' caches instead: its in-place
-        # writes would be Scatter ops, which the TensorRT path does not take.
-        new_att = None if torch.onnx.is_in_onnx_export() else x.new_empty(self.att_cache_shape(b, 2 * (half + t1)))
         rel_pos = self._rel_pos(t1, half + t1, x.dtype)
-        caches = []
+        first = []
         for i, block in enumerate(self.encoders):
             cache = None if att_cache is None else att_cache[i, :, :, :half]
-            x, c = block(x, rel_pos, cache, None if new_att is None else new_att[i])
-            caches.append(c)
+            x, c = block(x, rel_pos, cache)
+            first.append(c)
 
         x, new_cnn2 = self.up_layer(x, cnn2)
         x = self.up_embed(x)                                                    # (B, T, D)
 
         t = x.shape[1]
         rel_pos = self._rel_pos(t, 2 * half + t, x.dtype)                      # keys: C + T
+        second = []
         for i, block in enumerate(self.up_encoders):
             cache = None if att_cache is None else att_cache[cfg.blocks + i]
-            x, c = block(x, rel_pos, cache, None if new_att is None else new_att[cfg.blocks + i])
-            caches.append(c)
+            x, c = block(x, rel_pos, cache)
+            second.append(c)
         h = self.after_norm(x)
 
-        if new_att is None:
-            # the 25 Hz half tiled twice along time, to as many frames as the 50 Hz half (C + T)
-            first = torch.stack(caches[: cfg.blocks], dim=0)                    # (blocks, B, H, C/2 + T1, 2dk)
-            new_att = torch.cat([torch.cat([first, first], dim=3), torch.stack(caches[cfg.blocks:], dim=0)], dim=0)
+        first_t = torch.stack(first, dim=0)                                     # (blocks, B, H, C/2 + T1, 2dk)
+        # tile the 25 Hz half twice along time so it has as many frames as the 50 Hz half (C + T)
+        new_att = torch.cat([torch.cat([first_t, first_t], dim=3), torch.stack(second, dim=0)], dim=0)
         return h, torch.cat([new_cnn1, new_cnn2], dim=2), new_att
 
     forward = forward_chunk
