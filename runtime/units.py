@@ -401,7 +401,8 @@ SPECS: dict[str, UnitSpec] = {
         # the kernel reads them as they are: no copy per call.
         # AOTI 5: the f0 kernel's wide tile from half the GPU's SMs' worth of its programs (B=32
         # F=58 takes it: benchmarks/h200/README.md, run 35b).
-        # AOTI 6: the wide tile 128x64 at 8 warps (run 36c: the f0 predictor alone 10 % faster at B=32 F=158, no spills).
+        # AOTI 6: the wide tile 128x64 at 8 warps (run 36c: the f0 predictor alone 10 % faster at
+        # B=32 F=158, no spills).
         revisions={"aoti": 6}),
 }
 
