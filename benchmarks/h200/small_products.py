@@ -188,7 +188,7 @@ def main() -> None:
         x = torch.randn(rows, k_in, device=dev).to(dtype)
         ref, ref_last = reference(x, w[0], b[0], gelu), reference(x, w[-1], b[-1], gelu)
         out = torch.empty(rows, n_out, device=dev, dtype=dtype)
-        row = {"copies": copies, "weight_MB": 2 * k_in * n_out / 1e6,
+        row = {"shape": [k_in, n_out], "copies": copies, "weight_MB": 2 * k_in * n_out / 1e6,
                "cublas_us": graphed_us(lambda: [cublas(x, w[i], b[i], gelu) for i in range(copies)], copies),
                "cublas_rel_l2": rel_l2(cublas(x, w[0], b[0], gelu), ref), "tiles": []}
         for tile in TILES:
