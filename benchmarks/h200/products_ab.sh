@@ -9,7 +9,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-PATCH=${PATCH:-benchmarks/h200/results/session38_rows_linear/rows_linear.patch}
+PATCH=${PATCH:-benchmarks/h200/results/run38_rows_linear/rows_linear.patch}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/device.txt"
 timeout "${SP_S:-150}" python3 benchmarks/h200/small_products.py --out "$OUT" > "$OUT/small_products_stdout.txt" 2>&1
 echo "rc $?" >> "$OUT/small_products_stdout.txt"
