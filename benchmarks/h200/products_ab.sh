@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the DiT's and the flow encoder's B=1 products (session 38):
+# One device call for the DiT's and the flow encoder's B=1 products (run 38):
 #   1. small_products.py: cuBLAS against whole-row Triton tiles at the block's six product shapes;
 #   2. the rows_linear candidate (PATCH) with the tiles just measured (C2W_ROWS_LINEAR_TILES), built
 #      at full depth beside this tree and served side by side at CFM B=1 T=50 L=300 (ab_candidates.sh);
