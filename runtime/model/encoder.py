@@ -21,7 +21,7 @@ Pipeline of one chunk (B streams, N tokens of which the last `pre_lookahead` are
     -> `up_blocks` rel-pos Conformer blocks (attention over [cache C ; T]), T = stride*T1
     -> LayerNorm                                                                 -> h (B, T, D)
 
-The relative position table (1, 9999, D) fp32 is a non-persistent buffer; an exported graph carries
+The relative position table (1, 10006, D) fp32 is a non-persistent buffer; an exported graph carries
 it whole as a constant (20.5 MB at D=512) and slices it with static bounds.
 
 Cache layouts (kept bit-for-bit as upstream lays them out, so caches are interchangeable):
@@ -46,22 +46,29 @@ from c2w.runtime.model.dit import PackedQKV, conv_by_product, taps_outer_
 # espnet's relative positional table covers relative offsets -(MAX_POS-1) .. +(MAX_POS-1); upstream
 # builds it once for 5000 positions and never grows it in the streaming path, so neither do we.
 MAX_POS = 5000
+# The position scores' width (table rows read) is rounded up to a multiple of this many columns, so
+# that the scores' rows start 16-byte aligned in float16 and every matrix-product library takes its
+# aligned kernels; the spare rows are never read back (_align_relative). The table holds that many
+# extra rows past -(MAX_POS-1) so the widest window still fits.
+POSITION_ALIGN = 8
 _LOOKAHEAD_CONV_CACHE = 2      # conv2 of the lookahead layer has kernel 3: 2 frames of history
 
 
-def relative_position_table(d_model: int, max_len: int = MAX_POS) -> torch.Tensor:
-    """espnet "new-style" relative sinusoid table: (1, 2*max_len - 1, d_model) float32.
+def relative_position_table(d_model: int, max_len: int = MAX_POS, spare: int = 0) -> torch.Tensor:
+    """espnet "new-style" relative sinusoid table, with `spare` rows more on the negative side:
+    (1, 2*max_len - 1 + spare, d_model) float32.
 
     Row r holds relative position `max_len - 1 - r`, i.e. +max_len-1 first, 0 at the centre row
-    (index max_len - 1), -(max_len-1) last. Interleaved sin (even channels) / cos (odd channels).
-    Computed with the same float32 op order as upstream so the table matches it exactly.
+    (index max_len - 1), -(max_len-1+spare) last. Interleaved sin (even channels) / cos (odd
+    channels). Computed with the same float32 op order as upstream, so rows of the positions its
+    table covers match it exactly.
     """
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-    pos = torch.arange(max_len - 1, -max_len, -1, dtype=torch.float32).unsqueeze(1)   # +L-1 .. -(L-1)
+    pos = torch.arange(max_len - 1, -max_len - spare, -1, dtype=torch.float32).unsqueeze(1)  # +L-1 .. -(L-1+spare)
     # sin(-x) and cos(-x) are computed from the negated argument (as upstream does), not by symmetry.
-    angle = pos * inv_freq                                                    # (2L-1, d/2)
-    table = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)         # (2L-1, d/2, 2)
-    return table.reshape(1, 2 * max_len - 1, d_model)
+    angle = pos * inv_freq                                                    # (rows, d/2)
+    table = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)         # (rows, d/2, 2)
+    return table.reshape(1, 2 * max_len - 1 + spare, d_model)
 
 
 class _Projection(nn.Module):
@@ -165,8 +172,8 @@ class _RelPosSelfAttention(PackedQKV):
     def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, T, D) queries (already normalised); cache: (B, H, C, 2*d_k) or None;
-        rel_pos: (1, T + C + T - 1, D) table rows for relative positions +(C+T-1) .. -(T-1).
-        Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
+        rel_pos: (1, W, D) table rows for relative positions +(C+T-1) down, W >= C + 2T - 1
+        (ConformerEncoder._rel_pos). Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
         b, t, d = x.shape
         q, k, v = (self._heads(y) for y in self.project(x))
         if cache is not None:
@@ -175,8 +182,8 @@ class _RelPosSelfAttention(PackedQKV):
         new_cache = torch.cat([k, v], dim=3)
         s = k.shape[2]                                                          # keys: C + T
 
-        p = self._heads(self.linear_pos(rel_pos))                               # (1, H, T+S-1, d_k)
-        position = torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(2, 3))     # (B,H,T,T+S-1)
+        p = self._heads(self.linear_pos(rel_pos))                               # (1, H, W, d_k)
+        position = torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(2, 3))     # (B,H,T,W)
         position = _align_relative(position, s)                                 # (B,H,T,S)
         q_u = q + self.pos_bias_u.unsqueeze(1)
         if b * t >= FUSED_ATTENTION_ROWS:       # its scale, 1/sqrt(d_k), applies to q_u . k only
@@ -188,13 +195,15 @@ class _RelPosSelfAttention(PackedQKV):
 
 
 def _align_relative(scores: torch.Tensor, keys: int) -> torch.Tensor:
-    """(B, H, T, T+S-1) scores against relative rows -> (B, H, T, S) scores against keys.
+    """(B, H, T, W) scores against relative rows -> (B, H, T, S) scores against keys, S = `keys`.
 
-    Column r of query i belongs to relative offset (S-1) - r; query i sits at absolute position
-    S-T+i, so key j needs r = T-1-i+j. Each row therefore shifts left by one more than the row above
-    it. Done with the pad/flatten/re-slice skew (pure Pad/Reshape/Slice, no gather): after padding one
-    column in front, row stride is W+1 where W = T+S-1, and element (i, j) of the result is flat
-    index T + i*W + j of the padded buffer.
+    Column r holds relative offset (S-1) - r, for W >= T+S-1 columns (those past T+S-1, the
+    alignment's spare rows, are never read). Query i sits at absolute position S-T+i, so key j
+    needs r = T-1-i+j: each row shifts left by one more than the row above it. Done with the
+    pad/flatten/re-slice skew (pure Pad/Reshape/Slice, no gather): after padding one column in
+    front, row stride is W+1, and element (i, j) of the result is flat index T + i*W + j of the
+    padded buffer, i.e. row i, column T-i+j. (The same skew without the pad, from flat index T-1
+    in rows of W-1, makes torch.export add guards on the encoder's dynamic dims.)
     """
     b, h, t, w = scores.shape
     flat = F.pad(scores, (1, 0)).reshape(b, h, t * (w + 1))
@@ -255,7 +264,8 @@ class ConformerEncoder(nn.Module):
         self.after_norm = nn.LayerNorm(cfg.width, eps=1e-5)
         # Not in flow.pt (upstream keeps it as a plain attribute): a non-persistent buffer so it
         # follows .to(device/dtype) without entering the state dict.
-        self.register_buffer("pos_table", relative_position_table(cfg.width), persistent=False)
+        self.register_buffer("pos_table", relative_position_table(cfg.width, spare=POSITION_ALIGN - 1),
+                             persistent=False)
 
     # ---- shapes -------------------------------------------------------------------------------
     @property
@@ -317,12 +327,15 @@ class ConformerEncoder(nn.Module):
 
     # ---- compute ------------------------------------------------------------------------------
     def _rel_pos(self, queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
-        """Table rows for relative offsets +(keys-1) .. -(queries-1): (1, queries+keys-1, D).
+        """Table rows for relative offsets +(keys-1) down, as many as queries+keys-1 rounded up to
+        a multiple of POSITION_ALIGN: (1, W, D).
 
-        Upstream slices the full +-(keys-1) window and discards the right part after its skew; rows
-        below -(queries-1) are never read, so we do not project them. Static ints only."""
+        Upstream slices the full +-(keys-1) window and discards the right part after its skew;
+        rows below -(queries-1) are never read (_align_relative), so we project only the spare rows
+        the alignment adds. Static ints (expressions of the dynamic dims in a dynamic export)."""
         centre = MAX_POS - 1
-        return self.pos_table[:, centre - keys + 1: centre + queries].to(dtype)
+        width = (queries + keys - 1 + POSITION_ALIGN - 1) // POSITION_ALIGN * POSITION_ALIGN
+        return self.pos_table[:, centre - keys + 1: centre - keys + 1 + width].to(dtype)
 
     def forward_chunk(self, xs: torch.Tensor, cnn_cache: torch.Tensor | None = None,
                       att_cache: torch.Tensor | None = None, last_chunk: bool = False
