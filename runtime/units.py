@@ -336,8 +336,9 @@ SPECS: dict[str, UnitSpec] = {
         # stored taps-outer (dit.conv_by_product, as the DiT's since its revision 2)
         # (3, the position scores as one product per head over every query row, and AOTI 4, the
         # caches written in place, were measured and taken back: design notes 27 and 28)
-        # 5: revision 2 with the position scores' width rounded up to a multiple of 8 (design
-        # note 29; numbered past the two taken back, whose builds may still sit in a manifest)
+        # 5: the position scores one product per head over every query row, their width rounded
+        # up to a multiple of 8 (design note 29; numbered past the two taken back, whose builds
+        # may still sit in a manifest)
         revisions={"aoti": 5, "onnxruntime": 5, "tensorrt": 5}),
     "cfm": UnitSpec(
         name="cfm", dim_names=("B", "T", "L"),

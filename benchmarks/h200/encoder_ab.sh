@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# One device call: the flow encoder's engine from this tree against a patched copy of it, at
+# One device call: the flow encoder's engine from this tree against patched copies of it, at
 # several keys (encoder_profile.py): all builds in parallel, then each timed and profiled alone.
 # Usage (device tool, repo root):
-#   PATCH=benchmarks/h200/results/session36_position/before.patch C2W_COMMIT=<hash> bash benchmarks/h200/encoder_ab.sh
+#   PATCH=benchmarks/h200/results/session39_position_align/before.patch C2W_COMMIT=<hash> bash benchmarks/h200/encoder_ab.sh
+# PATCH: one patch file or several, space-separated, relative to the repo root; each is applied
+# to its own copy of this tree and tagged with its file name (without .patch).
 # SHAPES: "B N C" triples, ';'-separated (default: the B=32 N=78 and B=1 N=28 keys of h200_core).
-# The results (tag "main" and the patch's name) and build logs come back in $OUT/encoder_ab.tgz.
+# The results (tag "main" and the patches' names) and build logs come back in $OUT/encoder_ab.tgz.
 set -u
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=${THREADS:-4}
 OUT=${OUT:-/tmp/out}; rm -rf /tmp/encoder_ab; mkdir -p "$OUT" /tmp/encoder_ab
-ROOT=$PWD; TAG=$(basename "${PATCH:?a patch file, relative to the repo root}" .patch)
+ROOT=$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
-rm -rf "/tmp/tree_$TAG" && cp -r "$ROOT" "/tmp/tree_$TAG" && (cd "/tmp/tree_$TAG" && git apply "$ROOT/$PATCH") \
-  || { echo "$PATCH does not apply"; exit 1; }
+TREES=("main=$ROOT")
+for patch in ${PATCH:?one or more patch files, relative to the repo root}; do
+  tag=$(basename "$patch" .patch)
+  rm -rf "/tmp/tree_$tag" && cp -r "$ROOT" "/tmp/tree_$tag" && (cd "/tmp/tree_$tag" && git apply "$ROOT/$patch") \
+    || { echo "$patch does not apply"; exit 1; }
+  TREES+=("$tag=/tmp/tree_$tag")
+done
 IFS=';' read -ra SHAPES <<< "${SHAPES:-32 78 400;1 28 300}"
 profile() {  # tree tag phase B N C
   ( cd "$1" && PYTHONPATH=$1 timeout "${STEP_S:-300}" python3 benchmarks/h200/encoder_profile.py --tag "$2" \
@@ -19,17 +26,17 @@ profile() {  # tree tag phase B N C
 }
 t0=$(date +%s)
 for shape in "${SHAPES[@]}"; do
-  # shellcheck disable=SC2086
-  profile "$ROOT" main build $shape > "/tmp/encoder_ab/build_main_${shape// /_}.log" 2>&1 &
-  # shellcheck disable=SC2086
-  profile "/tmp/tree_$TAG" "$TAG" build $shape > "/tmp/encoder_ab/build_${TAG}_${shape// /_}.log" 2>&1 &
+  for tree in "${TREES[@]}"; do
+    # shellcheck disable=SC2086
+    profile "${tree#*=}" "${tree%%=*}" build $shape > "/tmp/encoder_ab/build_${tree%%=*}_${shape// /_}.log" 2>&1 &
+  done
 done
 wait
 echo "parallel builds: $(( $(date +%s) - t0 )) s"
 for shape in "${SHAPES[@]}"; do
-  # shellcheck disable=SC2086
-  profile "$ROOT" main time $shape 2>&1 | tee "/tmp/encoder_ab/time_main_${shape// /_}.log" | grep encoder_profile_
-  # shellcheck disable=SC2086
-  profile "/tmp/tree_$TAG" "$TAG" time $shape 2>&1 | tee "/tmp/encoder_ab/time_${TAG}_${shape// /_}.log" | grep encoder_profile_
+  for tree in "${TREES[@]}"; do
+    # shellcheck disable=SC2086
+    profile "${tree#*=}" "${tree%%=*}" time $shape 2>&1 | tee "/tmp/encoder_ab/time_${tree%%=*}_${shape// /_}.log" | grep encoder_profile_
+  done
 done
 tar czf "$OUT/encoder_ab.tgz" -C /tmp/encoder_ab .

@@ -169,22 +169,33 @@ class _RelPosSelfAttention(PackedQKV):
         b, t, _ = x.shape
         return x.reshape(b, t, self.heads, self.d_k).transpose(1, 2)           # (B, H, t, d_k)
 
+    def _position_scores(self, q_rows: torch.Tensor, rel_pos: torch.Tensor) -> torch.Tensor:
+        """(q + v) . P for q_rows (B, T, D) against the table rows rel_pos (1, W, D) -> (B, H, T, W).
+
+        One product per head over all B x T query rows (the queries laid out heads-outer), so the
+        projected table is read where it is rather than copied once per sequence, as a product
+        broadcast along the batch is handed to the library."""
+        b, t, _ = q_rows.shape
+        qv = (q_rows.reshape(b, t, self.heads, self.d_k) + self.pos_bias_v)             # (B, T, H, d_k)
+        qv = qv.permute(2, 0, 1, 3).reshape(self.heads, b * t, self.d_k)
+        p = self.linear_pos(rel_pos).reshape(-1, self.heads, self.d_k).permute(1, 2, 0)  # (H, d_k, W)
+        return torch.matmul(qv, p).reshape(self.heads, b, t, -1).transpose(0, 1)
+
     def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, T, D) queries (already normalised); cache: (B, H, C, 2*d_k) or None;
         rel_pos: (1, W, D) table rows for relative positions +(C+T-1) down, W >= C + 2T - 1
         (ConformerEncoder._rel_pos). Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
         b, t, d = x.shape
-        q, k, v = (self._heads(y) for y in self.project(x))
+        rows = self.project(x)
+        q, k, v = (self._heads(y) for y in rows)
         if cache is not None:
             k = torch.cat([cache[..., : self.d_k], k], dim=2)
             v = torch.cat([cache[..., self.d_k:], v], dim=2)
         new_cache = torch.cat([k, v], dim=3)
         s = k.shape[2]                                                          # keys: C + T
 
-        p = self._heads(self.linear_pos(rel_pos))                               # (1, H, W, d_k)
-        position = torch.matmul(q + self.pos_bias_v.unsqueeze(1), p.transpose(2, 3))     # (B,H,T,W)
-        position = _align_relative(position, s)                                 # (B,H,T,S)
+        position = _align_relative(self._position_scores(rows[0], rel_pos), s)   # (B,H,T,S)
         q_u = q + self.pos_bias_u.unsqueeze(1)
         if b * t >= FUSED_ATTENTION_ROWS:       # its scale, 1/sqrt(d_k), applies to q_u . k only
             y = F.scaled_dot_product_attention(q_u.contiguous(), k, v, attn_mask=position / math.sqrt(self.d_k))

@@ -1,12 +1,14 @@
 """The flow encoder's relative positions: the table rows a chunk reads (a width rounded up to
-POSITION_ALIGN) and the skew that turns scores against those rows into scores against keys.
-Exact: these are slices and reshapes, so every comparison is bit for bit."""
+POSITION_ALIGN), the one product per head that scores the queries against them, and the skew
+that turns those scores into scores against keys (design note 29). The skew and the window are
+slices and reshapes, so those comparisons are bit for bit; the oracle tests (test_encoder.py)
+check the whole attention's values."""
 import pytest
 import torch
 
 from c2w.runtime.model.config import TINY
 from c2w.runtime.model.encoder import (MAX_POS, POSITION_ALIGN, ConformerEncoder, _align_relative,
-                                       relative_position_table)
+                                       _RelPosSelfAttention, relative_position_table)
 
 
 def skew_by_index(scores: torch.Tensor, keys: int) -> torch.Tensor:
@@ -44,3 +46,14 @@ def test_the_spare_rows_leave_upstreams_rows_as_they_were():
     assert padded.shape == (1, 2 * MAX_POS - 1 + POSITION_ALIGN - 1, 64)
     assert torch.equal(padded[:, : 2 * MAX_POS - 1], plain)
     assert torch.equal(padded[0, -1], relative_position_table(64, MAX_POS + POSITION_ALIGN - 1)[0, -1])
+
+
+def test_the_position_term_is_one_product_per_head_over_every_query_row():
+    """Not a product per (sequence, head) with the projected table broadcast along the batch,
+    which the libraries take as a copy of the table per sequence."""
+    attn = _RelPosSelfAttention(32, 4).eval()
+    b, t, cached, width = 3, 5, 6, 16
+    args = (torch.randn(b, t, 32), torch.randn(1, width, 32), torch.randn(b, 4, cached, 16))
+    graph = torch.export.export(attn, args).run_decompositions().graph
+    products = [tuple(n.meta["val"].shape) for n in graph.nodes if n.target is torch.ops.aten.bmm.default]
+    assert [s for s in products if s[-1] == width] == [(4, b * t, width)]
