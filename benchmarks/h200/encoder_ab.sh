@@ -11,12 +11,12 @@ set -u
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=${THREADS:-4}
 OUT=${OUT:-/tmp/out}; rm -rf /tmp/encoder_ab; mkdir -p "$OUT" /tmp/encoder_ab
 ROOT=$PWD
+. benchmarks/h200/patched_tree.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 TREES=("main=$ROOT")
 for patch in ${PATCH:?one or more patch files, relative to the repo root}; do
   tag=$(basename "$patch" .patch)
-  rm -rf "/tmp/tree_$tag" && cp -r "$ROOT" "/tmp/tree_$tag" && (cd "/tmp/tree_$tag" && git apply "$ROOT/$patch") \
-    || { echo "$patch does not apply"; exit 1; }
+  patched_tree "$ROOT" "$patch" "/tmp/tree_$tag" || exit 1
   TREES+=("$tag=/tmp/tree_$tag")
 done
 IFS=';' read -ra SHAPES <<< "${SHAPES:-32 78 400;1 28 300}"

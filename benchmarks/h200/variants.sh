@@ -14,6 +14,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TORCHINDUCTOR_COMPILE_THREADS=3
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 ROOT=$PWD
+. benchmarks/h200/patched_tree.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 AUTOTUNE='{"max_autotune": true, "max_autotune_gemm_backends": "TRITON,ATEN"}'
 # tag|inductor JSON|cfm_profile.py shape arguments[|patch]
@@ -27,8 +28,7 @@ tree() {  # patch -> the tree a variant runs from (made once per patch)
   [ -z "$patch" ] && { echo "$ROOT"; return; }
   local dir=/tmp/variant_trees/$(basename "$patch" .patch)
   if [ -z "${MADE[$dir]:-}" ]; then        # a warm machine may hold a copy of an older tree: make it anew
-    rm -rf "$dir" && mkdir -p /tmp/variant_trees && cp -r "$ROOT" "$dir" && (cd "$dir" && git apply "$ROOT/$patch") \
-      || { echo "patch $patch does not apply" >&2; rm -rf "$dir"; return 1; }
+    patched_tree "$ROOT" "$patch" "$dir" || return 1
     MADE[$dir]=1
   fi
   echo "$dir"
