@@ -334,8 +334,9 @@ SPECS: dict[str, UnitSpec] = {
         # 1: from 512 rows the attention is one fused call (runtime.model.encoder.FUSED_ATTENTION_ROWS)
         # 2: the three convolutions as one product each in the (B, T, D) layout, their weights
         # stored taps-outer (dit.conv_by_product, as the DiT's since its revision 2)
-        # (3, the position scores as one product per head over every query row, and AOTI 4, the
-        # caches written in place, were measured and taken back: design notes 27 and 28)
+        # (3, the position scores split as q . P + v . P, each one product per head over every
+        # query row, and AOTI 4, the caches written in place, were measured and taken back:
+        # design notes 27 and 28)
         # 5: the position scores one product per head over every query row, their width rounded
         # up to a multiple of 8 (design note 29; numbered past the two taken back, whose builds
         # may still sit in a manifest)
