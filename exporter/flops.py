@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from c2w.runtime.model.config import ModelConfig
-from c2w.runtime.model.encoder import POSITION_ALIGN
+from c2w.runtime.model.encoder import position_rows
 from c2w.runtime.units import ShapeKey
 
 
@@ -41,8 +41,7 @@ def _conformer_block(cfg: ModelConfig, B: int, queries: int, keys: int) -> int:
     """One rel-pos Conformer block: `queries` frames attending to `keys` (cache + themselves)."""
     e = cfg.encoder
     rows = B * queries
-    # relative-position rows projected once, their count rounded up (encoder._rel_pos)
-    rel = -(-(queries + keys - 1) // POSITION_ALIGN) * POSITION_ALIGN
+    rel = position_rows(queries, keys)                        # relative-position rows projected once
     return (4 * _linear(rows, e.width, e.width) + _linear(rel, e.width, e.width)
             + 2 * B * queries * (2 * keys + rel) * e.width   # content, position and value products
             + _linear(rows, e.width, e.ffn) + _linear(rows, e.ffn, e.width))

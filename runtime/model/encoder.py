@@ -54,6 +54,13 @@ POSITION_ALIGN = 8
 _LOOKAHEAD_CONV_CACHE = 2      # conv2 of the lookahead layer has kernel 3: 2 frames of history
 
 
+def position_rows(queries: int, keys: int) -> int:
+    """The table rows a block's position term reads for `queries` frames against `keys` keys:
+    queries + keys - 1 rounded up to a multiple of POSITION_ALIGN (ints, or expressions of the
+    dynamic dims in a dynamic export)."""
+    return (queries + keys - 1 + POSITION_ALIGN - 1) // POSITION_ALIGN * POSITION_ALIGN
+
+
 def relative_position_table(d_model: int, max_len: int = MAX_POS, spare: int = 0) -> torch.Tensor:
     """espnet "new-style" relative sinusoid table, with `spare` rows more on the negative side:
     (1, 2*max_len - 1 + spare, d_model) float32.
@@ -338,15 +345,14 @@ class ConformerEncoder(nn.Module):
 
     # ---- compute ------------------------------------------------------------------------------
     def _rel_pos(self, queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
-        """Table rows for relative offsets +(keys-1) down, as many as queries+keys-1 rounded up to
-        a multiple of POSITION_ALIGN: (1, W, D).
+        """Table rows for relative offsets +(keys-1) down, `position_rows(queries, keys)` of them:
+        (1, W, D).
 
         Upstream slices the full +-(keys-1) window and discards the right part after its skew;
         rows below -(queries-1) are never read (_align_relative), so we project only the spare rows
         the alignment adds. Static ints (expressions of the dynamic dims in a dynamic export)."""
-        centre = MAX_POS - 1
-        width = (queries + keys - 1 + POSITION_ALIGN - 1) // POSITION_ALIGN * POSITION_ALIGN
-        return self.pos_table[:, centre - keys + 1: centre - keys + 1 + width].to(dtype)
+        start = MAX_POS - keys                  # the row of offset +(keys-1) (offset 0: MAX_POS - 1)
+        return self.pos_table[:, start: start + position_rows(queries, keys)].to(dtype)
 
     def forward_chunk(self, xs: torch.Tensor, cnn_cache: torch.Tensor | None = None,
                       att_cache: torch.Tensor | None = None, last_chunk: bool = False
