@@ -6,7 +6,8 @@
 # PATCH: one patch file or several, space-separated, relative to the repo root; each is applied
 # to its own copy of this tree and tagged with its file name (without .patch).
 # SHAPES: "B N C" triples, ';'-separated (default: the B=32 N=78 and B=1 N=28 keys of h200_core).
-# The results (tag "main" and the patches' names) and build logs come back in $OUT/encoder_ab.tgz.
+# The results (tag "main" and the patches' names) and build logs come back in $OUT/encoder_ab.tgz;
+# the summary table (encoder_ab_table.py) is printed last and kept as $OUT/encoder_ab_table.txt.
 set -u
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=${THREADS:-4}
 OUT=${OUT:-/tmp/out}; rm -rf /tmp/encoder_ab; mkdir -p "$OUT" /tmp/encoder_ab
@@ -40,3 +41,4 @@ for shape in "${SHAPES[@]}"; do
   done
 done
 tar czf "$OUT/encoder_ab.tgz" -C /tmp/encoder_ab .
+python3 benchmarks/h200/encoder_ab_table.py /tmp/encoder_ab | tee "$OUT/encoder_ab_table.txt"
