@@ -203,7 +203,7 @@ class _RelPosSelfAttention(PackedQKV):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, T, D) queries (already normalised); cache: (B, H, C, 2*d_k) or None;
         positions: (H, d_k, W), the table rows for relative positions +(C+T-1) down through
-        linear_pos, W >= C + 2T - 1 (project_positions of ConformerEncoder._rel_pos).
+        linear_pos, W >= C + 2T - 1 (project_positions of window_rows).
         Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
         b, t, d = x.shape
         rows = self.project(x)
@@ -410,10 +410,6 @@ class ConformerEncoder(nn.Module):
                                "Trim the attention cache.")
 
     # ---- compute ------------------------------------------------------------------------------
-    def _rel_pos(self, queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
-        """This encoder's table rows for a window (window_rows), in `dtype`."""
-        return window_rows(self.pos_table, queries, keys).to(dtype)
-
     def position_tables(self, windows, dtype: torch.dtype) -> list[torch.Tensor]:
         """Every block's projected position table for the stacks' (queries, keys) `windows`
         (position_windows), the first stack's blocks first: (H, d_k, W) each."""
@@ -448,10 +444,8 @@ class ConformerEncoder(nn.Module):
             x = F.pad(x, (0, 0, 0, cfg.pre_lookahead))
         x, new_cnn1 = self.pre_lookahead_layer(x, cnn1)                        # (B, T1, D)
 
-        t1 = x.shape[1]
         if positions is None:
-            t = cfg.up_stride * t1                                              # keys: C/2 + T1, then C + T
-            positions = self.position_tables(((t1, half + t1), (t, 2 * half + t)), x.dtype)
+            positions = self.position_tables(position_windows(cfg, xs.shape[1], 2 * half, last_chunk), x.dtype)
         first = []
         for i, block in enumerate(self.encoders):
             cache = None if att_cache is None else att_cache[i, :, :, :half]

@@ -8,7 +8,8 @@ import torch
 
 from c2w.runtime.model.config import TINY
 from c2w.runtime.model.encoder import (MAX_POS, POSITION_ALIGN, ConformerEncoder, _align_relative,
-                                       _RelPosSelfAttention, project_positions, relative_position_table)
+                                       _RelPosSelfAttention, project_positions, relative_position_table,
+                                       window_rows)
 
 
 def skew_by_index(scores: torch.Tensor, keys: int) -> torch.Tensor:
@@ -30,7 +31,7 @@ def test_the_skew_reads_each_key_at_its_offset_whatever_the_spare_columns(querie
                                            (1, MAX_POS), (300, MAX_POS), (MAX_POS, MAX_POS)])
 def test_a_chunk_reads_an_aligned_window_starting_at_its_oldest_key(queries, keys):
     enc = ConformerEncoder(TINY.encoder)
-    rows = enc._rel_pos(queries, keys, torch.float32)
+    rows = window_rows(enc.pos_table, queries, keys)
     width = rows.shape[1]
     assert width % POSITION_ALIGN == 0 and queries + keys - 1 <= width < queries + keys - 1 + POSITION_ALIGN
     table = enc.pos_table[0]
