@@ -25,12 +25,17 @@ def load(folder: Path) -> list[dict]:
     return rows
 
 
+def tree(result: dict) -> str:
+    """The tree a result came from: its tag, "main" for the untagged one."""
+    return result["tag"] or "main"
+
+
 def table(results: list[dict]) -> list[tuple[str, ...]]:
     """One row per result, sorted by key (B, N, C) and then with main first."""
-    served = {(r["B"], r["N"], r["C"], r["tag"] or "main"): r["engine_graph"]["median_ms"] for r in results}
+    served = {(r["B"], r["N"], r["C"], tree(r)): r["engine_graph"]["median_ms"] for r in results}
     out = []
-    for r in sorted(results, key=lambda r: (r["B"], r["N"], r["C"], (r["tag"] or "main") != "main", r["tag"])):
-        tag, ms, eg = r["tag"] or "main", r["engine_graph"]["median_ms"], r["eager_graph"]["median_ms"]
+    for r in sorted(results, key=lambda r: (r["B"], r["N"], r["C"], tree(r) != "main", r["tag"])):
+        tag, ms, eg = tree(r), r["engine_graph"]["median_ms"], r["eager_graph"]["median_ms"]
         base = served.get((r["B"], r["N"], r["C"], "main"))
         change = "" if tag == "main" or base is None else f"{100 * (ms / base - 1):+.1f} %"
         p = r.get("profile", {})
