@@ -3,19 +3,18 @@ the keys loaded before it (the quantity runtime.memory measures; the eager weigh
 
 Two models (docs/budget.md, "The estimate"):
 
-- **AOTInductor on CUDA** depends on load order, so it is a simulation of the load
-  (`GraphPoolSizes`). A key keeps its package (~2 MiB of kernels; HiFT's also carries its own
-  constants, an encoder's comes with its projected position tables) and, if captured in a CUDA
-  graph, its static inputs. Its graph's outputs and intermediates come from ONE memory pool all
-  graphs of the process share (runtime.engines.graphs): the outputs stay, the intermediates are
-  freed when the capture ends and serve later captures. PyTorch's caching allocator places a tensor
-  in one free block, so freed memory serves a later request only if it came in blocks at least that
-  large: the CFM and the encoder free per-layer caches (tens of MiB), HiFT large signals. The pool
-  is kept as extents (block size, free bytes): a capture's outputs take an extent whose blocks hold
-  them, else the pool grows by them; its intermediates reuse the free bytes of extents with blocks
-  at least as large as their tensors, and what is missing grows the pool by a new extent. The
-  process's first graph brings a fixed amount the later ones share. A key whose graph inputs exceed
-  GRAPH_MAX_BYTES is not captured: its package alone.
+- **AOTInductor on CUDA** depends on load order, so it is a simulation of the load (`GraphPoolSizes`).
+  A key keeps its package (~2 MiB of kernels) and, if captured in a CUDA graph, its static inputs
+  (HiFT's package also carries its own constants). Its graph's outputs and intermediates come
+  from ONE memory pool all graphs of the process share (runtime.engines.graphs): the outputs stay,
+  the intermediates are freed when the capture ends and serve later captures. PyTorch's caching
+  allocator places a tensor in one free block, so freed memory serves a later request only if it
+  came in blocks at least that large: the CFM and the encoder free per-layer caches (tens of MiB),
+  HiFT large signals. The pool is kept as extents (block size, free bytes): a capture's outputs
+  take an extent whose blocks hold them, else the pool grows by them; its intermediates reuse the
+  free bytes of extents with blocks at least as large as their tensors, and what is missing grows
+  the pool by a new extent. The process's first graph brings a fixed amount the later ones share.
+  A key whose graph inputs exceed GRAPH_MAX_BYTES is not captured: its package alone.
 - **Everything else** (ONNX Runtime, TensorRT, AOTInductor on the CPU), order-free (`FixedSizes`):
   inputs + outputs (about the inputs' size, the caches growing by a chunk) + a workspace as large
   as the largest input. On the CPU the measurement replaces it at every export.
@@ -24,14 +23,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 
 from c2w.runtime.engines.aoti import GRAPH_MAX_BYTES, nbytes, step_graph_inputs
 from c2w.runtime.model.config import ModelConfig
-from c2w.runtime.model.encoder import BOUND_POSITIONS, position_rows
-from c2w.runtime.units import CFM_STEP_ATT, SPECS, ShapeKey, bound_position_windows, dtype_of, tensor_bytes
+from c2w.runtime.units import SPECS, ShapeKey, dtype_of, tensor_bytes
 
 MiB = 1 << 20
 # PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp): a request of at most 1 MiB is cut from
@@ -83,7 +80,7 @@ FITTED = PoolModel()
 @dataclass(frozen=True)
 class KeyCost:
     """What loading one key costs on CUDA, before the pool's state is known."""
-    own: int                          # outside the graph pool: package, static inputs, own constants
+    own: int                          # outside the graph pool: package, static inputs, HiFT's constants
     outputs: int = 0                  # the graph's outputs (kept in the pool); 0 when not captured
     parts: tuple[tuple[int, int], ...] = ()   # its intermediates: (bytes, bytes per tensor), freed at the end
 
@@ -153,35 +150,27 @@ def _hift(cfg: ModelConfig, key: ShapeKey, m: PoolModel) -> tuple[int, tuple]:
 CAPTURES = {"flow_encoder": _encoder, "hift": _hift}       # the CFM's: _cfm_step, by its step's form
 
 
-def bound_table_bytes(cfg: ModelConfig, key: ShapeKey) -> int:
-    """An encoder key's projected position tables, which its engine keeps beside it (the export
-    variant binds them: runtime.engines.aoti): one (heads, d_k, rows) table per block."""
-    e, dt = cfg.encoder, dtype_of(key.dtype)
-    first, second = bound_position_windows(cfg, key)
-    return sum(blocks * tensor_bytes((e.heads, e.d_k, position_rows(*window)), dt)
-               for blocks, window in ((e.blocks, first), (e.up_blocks, second)))
+def step_form(cfg: ModelConfig) -> str:
+    """The form of the CFM step the exporter builds now (the spec's export variant's "step_att")."""
+    return SPECS["cfm"].export_variant.extra(cfg).get("step_att", "whole")
 
 
 def key_cost(cfg: ModelConfig, key: ShapeKey, weights: dict[str, int], m: PoolModel = FITTED,
-             built: Mapping | None = None) -> KeyCost:
+             step_att: str | None = None) -> KeyCost:
     """A key's costs as AOTInductor on CUDA loads it (runtime.engines.aoti): captured in a CUDA graph
     when one graph's inputs (a CFM key's: one Euler step's) are within GRAPH_MAX_BYTES, else its
     package alone (its inputs and outputs are one call's). weights: per-component weight bytes
-    (HiFT's package carries its own copy). built: the manifest extra of the key as it was built
-    (a measured sweep's: the CFM step's form, whether an encoder binds position tables); None:
-    the forms built now."""
+    (HiFT's package carries its own copy). step_att: the form a CFM key's step was built in
+    (a manifest entry's extra; None: the form built now, `step_form`)."""
     spec = SPECS[key.component]
     shapes, dtypes = list(spec.input_shapes(cfg, key)), list(spec.input_dtypes(key))
-    form = CFM_STEP_ATT if built is None else built.get("step_att", "whole")
+    form = step_att or step_form(cfg)
     if key.component == "cfm":
         shapes, dtypes = step_graph_inputs(shapes, dtypes, in_place=form == "in_place")
-    package = PACKAGE_BYTES
-    if key.component == "flow_encoder" and (built is None or built.get(BOUND_POSITIONS)):
-        package += bound_table_bytes(cfg, key)
     static = nbytes(shapes, dtypes)
     if static > GRAPH_MAX_BYTES:
-        return KeyCost(package)
-    own = package + static
+        return KeyCost(PACKAGE_BYTES)
+    own = PACKAGE_BYTES + static
     if key.component == "hift":
         own += weights.get("hift", 0) + m.hift_table * key.dim("F")
     out, parts = _cfm_step(cfg, key, m, form) if key.component == "cfm" else CAPTURES[key.component](cfg, key, m)
@@ -218,14 +207,14 @@ class GraphPoolSizes:
         grow = (pages(c.outputs) if slot is None else 0) + sum(n for _, n in new)
         return grow + (0 if self.captured else self.model.first_capture), slot, new
 
-    def cost(self, key: ShapeKey, built: Mapping | None = None) -> int:
-        c = key_cost(self.cfg, key, self.weights, self.model, built)
+    def cost(self, key: ShapeKey, step_att: str | None = None) -> int:
+        c = key_cost(self.cfg, key, self.weights, self.model, step_att)
         return c.own + self._place(c)[0]
 
-    def add(self, key: ShapeKey, built: Mapping | None = None) -> int:
+    def add(self, key: ShapeKey, step_att: str | None = None) -> int:
         """Load `key` after the keys added so far; -> the bytes it adds (= cost(key) before).
-        built: key_cost's (a measured sweep's keys are replayed in the form they were built)."""
-        c = key_cost(self.cfg, key, self.weights, self.model, built)
+        step_att: key_cost's (a measured sweep's keys are replayed in the form they were built)."""
+        c = key_cost(self.cfg, key, self.weights, self.model, step_att)
         grow, slot, new = self._place(c)
         if slot is not None:
             self.extents[slot][1] -= c.outputs

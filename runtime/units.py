@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.model.encoder import BOUND_POSITIONS, bound_position_name, position_windows
 from c2w.runtime.model.hift import REFUSED_DTYPES as HIFT_REFUSED_DTYPES
 from c2w.runtime.ring import logical
 
@@ -91,40 +90,8 @@ class FlowEncoderUnit(nn.Module):
 
     def forward(self, tokens, cnn_cache, att_cache):
         xs = self.input_embedding(tokens)
-        h, cnn, att = self.encoder.forward_chunk(xs, cnn_cache, att_cache, self.last_chunk, self._positions())
+        h, cnn, att = self.encoder.forward_chunk(xs, cnn_cache, att_cache, self.last_chunk)
         return self.encoder_proj(h).transpose(1, 2).float(), cnn, att
-
-    def _positions(self) -> list[torch.Tensor] | None:
-        return None                     # the encoder projects its position tables itself
-
-
-class FlowEncoderBoundUnit(FlowEncoderUnit):
-    """The encoder unit at one key, its blocks' projected position tables held as constants of
-    its own (`bound_position_<i>`): what the AOTI backend compiles, so that an engine does not
-    project the same table rows through linear_pos on every call (design note 31). The tables
-    depend only on the key's shape and the weights; the runtime makes them again from the shared
-    weights when it loads the engine (encoder.bound_position_tables, from the manifest extra's
-    windows) and binds them with the weights."""
-
-    def __init__(self, model, key: ShapeKey):
-        super().__init__(model, bool(key.dim("last")))
-        self.windows = bound_position_windows(model.cfg, key)
-        dtype = self.encoder.encoders[0].self_attn.linear_pos.weight.dtype    # as bound_position_tables
-        with torch.no_grad():
-            tables = self.encoder.position_tables(self.windows, dtype)
-        for i, table in enumerate(tables):
-            self.register_buffer(bound_position_name(i), table.contiguous(), persistent=False)
-        self.blocks = len(tables)
-
-    def _positions(self) -> list[torch.Tensor]:
-        return [getattr(self, bound_position_name(i)) for i in range(self.blocks)]
-
-
-def bound_position_windows(cfg, key: ShapeKey) -> list[list[int]]:
-    """A flow encoder key's two (queries, keys) windows (encoder.position_windows), as the
-    manifest extra holds them."""
-    windows = position_windows(cfg.encoder, key.dim("N"), key.dim("C"), bool(key.dim("last")))
-    return [list(w) for w in windows]
 
 
 class CFMUnit(nn.Module):
@@ -171,12 +138,11 @@ class HiftUnit(nn.Module):
 
 @dataclass(frozen=True)
 class ExportVariant:
-    """What the AOTI backend compiles instead of the whole unit (the CFM: one Euler step it replays;
-    the encoder: the unit with its position tables bound), and what the runtime needs to know to
-    load it (runtime.engines.aoti reads the manifest extra)."""
-    build: Callable[[object, ShapeKey], nn.Module]                          # (Code2Wav, key) -> module
+    """What a backend that replays steps (AOTI) compiles instead of the whole unit, and what the
+    runtime needs to know to replay it (runtime.engines.aoti reads the manifest extra)."""
+    build: Callable[[object], nn.Module]                                    # (Code2Wav) -> module
     inputs: Callable[[object, list[torch.Tensor]], list[torch.Tensor]]      # (cfg, the unit's inputs)
-    extra: Callable[[object, ShapeKey], dict]                               # (cfg, key) -> manifest extra
+    extra: Callable[[object], dict]                                         # (cfg) -> manifest extra
 
 
 @dataclass(frozen=True)
@@ -349,8 +315,6 @@ def _hift_dynamic(k: ShapeKey, d: dict) -> dict:
 # float16 (convolutions in float16, everything else float32, TF32 off): HIFT_FLOAT16_RTOL.
 _HIFT = {"float32": 5e-3, "float16": HIFT_FLOAT16_RTOL}
 _MIXED = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
-# The form AOTI builds the CFM's Euler step in: its attention caches updated in place (CFMStepUnit)
-CFM_STEP_ATT = "in_place"
 
 SPECS: dict[str, UnitSpec] = {
     "flow_encoder": UnitSpec(
@@ -362,8 +326,6 @@ SPECS: dict[str, UnitSpec] = {
         output_dtypes=lambda k: (torch.float32, dtype_of(k.dtype), dtype_of(k.dtype)),
         build=lambda model, k: FlowEncoderUnit(model, bool(k.dim("last"))),
         rtol=_MIXED,
-        export_variant=ExportVariant(build=FlowEncoderBoundUnit, inputs=lambda cfg, inputs: inputs,
-                                     extra=lambda cfg, k: {BOUND_POSITIONS: bound_position_windows(cfg, k)}),
         module_dims=("last",),
         cache_dims=("C",),
         dynamic_dims={"B": BATCH_RANGE, "N": (4, 512), "C": (1, 4096)},
@@ -378,10 +340,7 @@ SPECS: dict[str, UnitSpec] = {
         # 5: the position scores one product per head over every query row, their width rounded
         # up to a multiple of 8 (design note 29; numbered past the two taken back, whose builds
         # may still sit in a manifest)
-        # AOTI 6: the blocks' projected position tables bound as constants (the export variant,
-        # FlowEncoderBoundUnit; design note 31). The ONNX graphs keep the projection: one graph
-        # there serves keys of many shapes, whose windows differ.
-        revisions={"aoti": 6, "onnxruntime": 5, "tensorrt": 5}),
+        revisions={"aoti": 5, "onnxruntime": 5, "tensorrt": 5}),
     "cfm": UnitSpec(
         name="cfm", dim_names=("B", "T", "L"),
         output_names=("mel", "new_cnn_cache", "new_att_cache"),
@@ -392,9 +351,9 @@ SPECS: dict[str, UnitSpec] = {
         build=lambda model, k: CFMUnit(model),
         rtol=_MIXED,
         # AOTI compiles one Euler step and the runtime replays it n_steps times (docs/aoti.md)
-        export_variant=ExportVariant(build=lambda model, k: CFMStepUnit(model), inputs=_cfm_step_inputs,
-                                     extra=lambda cfg, k: {"cfm_step": True, "n_steps": cfg.n_timesteps,
-                                                           "step_att": CFM_STEP_ATT}),
+        export_variant=ExportVariant(build=lambda model: CFMStepUnit(model), inputs=_cfm_step_inputs,
+                                     extra=lambda cfg: {"cfm_step": True, "n_steps": cfg.n_timesteps,
+                                                        "step_att": "in_place"}),
         cache_dims=("L",),
         dynamic_dims={"B": BATCH_RANGE, "T": (2, 2048), "L": (1, 4096)},
         dynamic_axes=_cfm_dynamic,

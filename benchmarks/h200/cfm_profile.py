@@ -50,7 +50,7 @@ from c2w.runtime.model.flow import FlowModel  # noqa: E402
 from c2w.runtime.model.weights import init_random_  # noqa: E402
 from c2w.runtime.ring import RingCache  # noqa: E402
 from c2w.runtime.trim import KEEP_RECENT, CacheTrim  # noqa: E402
-from c2w.runtime.units import CFM_STEP_ATT, SPECS, ShapeKey, rel_l2  # noqa: E402
+from c2w.runtime.units import SPECS, ShapeKey, rel_l2  # noqa: E402
 from c2w.runtime.verify import unit_weights  # noqa: E402
 
 
@@ -259,7 +259,7 @@ def main() -> None:
     if bool(a.triton_rows) != bool(a.tiles):
         raise SystemExit("--triton-rows and --tiles go together: the rows fused, and each product's tile")
     dev = torch.device("cuda")
-    if ATTENTION[a.attn] and CFM_STEP_ATT == "in_place":
+    if ATTENTION[a.attn] and SPECS["cfm"].export_variant.extra(preset("full")).get("step_att") == "in_place":
         raise SystemExit(f"--attn {a.attn} patches Attention.forward, which the in-place Euler step (AOTI revision 4) "
                          "does not call: it measures eager only. Run it from a commit before the in-place step "
                          "(6cdc99c) to reproduce runs 5-19.")

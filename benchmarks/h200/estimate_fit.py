@@ -43,11 +43,10 @@ from c2w.runtime.verify import entry_key
 MIB = 1 << 20
 
 
-def built_form(entry) -> dict:
-    """The form a measured key was built in: its manifest extra (sweeps before the chunk-frames
-    step record no step form: the step that returned its whole cache; before the encoder's AOTI
-    revision 6 no bound position tables)."""
-    return dict(entry.extra or {})
+def built_form(entry) -> str | None:
+    """The form a measured CFM key's step was built in (its manifest extra; sweeps before the
+    chunk-frames step record none: the step that returned its whole cache)."""
+    return (entry.extra or {}).get("step_att", "whole") if entry.component == "cfm" else None
 
 
 def replay(manifest, stream_workspace: int = 0, stream_captures: int = 30,
@@ -72,7 +71,7 @@ def beyond_own(manifest) -> None:
     print(f"{'capture':>7s}  {'key':44s} {'held outside the pool - own, MiB':>33s}")
     for e in manifest.entries:
         split = (e.extra or {}).get("memory_split")
-        cost = key_cost(cfg, entry_key(e), weights, built=built_form(e))
+        cost = key_cost(cfg, entry_key(e), weights, step_att=built_form(e))
         if e.device_bytes is None or not split or not cost.captured:
             continue
         n += 1

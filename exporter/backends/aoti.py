@@ -2,9 +2,7 @@
 
 A unit whose spec has an export variant is built as that instead: the CFM as ONE Euler step (t
 and dt are inputs), which the runtime replays n times, on CUDA from one graph per step
-(docs/aoti.md has the measurements behind that choice); the flow encoder with its blocks'
-projected position tables as constants of the key (the runtime makes them at load). HiFT is
-built whole.
+(docs/aoti.md has the measurements behind that choice). The other units are built whole.
 
 Settings (docs/aoti.md, "Settings"): the profile's `aoti` section, each field overridden by its
 environment variable when that is set (non-empty):
@@ -134,9 +132,9 @@ def build_aoti(model, unit: torch.nn.Module, key: ShapeKey, inputs: list[torch.T
     t0 = time.perf_counter()
     variant = SPECS[key.component].export_variant
     if variant is not None:
-        unit = variant.build(model, key).eval()
+        unit = variant.build(model).eval()
         inputs = variant.inputs(model.cfg, inputs)
-        extra.update(variant.extra(model.cfg, key))
+        extra.update(variant.extra(model.cfg))
         if inputs[0].is_cuda:
             # the unit's whole inputs are freed now (a B=32 CFM key's ten steps of caches: ~8 GB);
             # hand them back to the device, which the other shards' builds share, for the compile

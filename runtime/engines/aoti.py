@@ -4,9 +4,7 @@ Packages of the encoder and the CFM take their constants from ONE shared set of 
 eager model's own parameters and buffers (the runtime holds them anyway for the eager fallback),
 bound with `load_constants(..., user_managed=True)`, so no copy is made. A package is never run
 before its constants are bound (that segfaults). A unit whose export lifted constants of its own
-(HiFT) is built with every constant inside the package (`extra["constants_in_so"]`). An encoder
-package also reads its blocks' projected position tables as constants (`extra["bound_positions"]`,
-the key's two windows): those are made from the shared weights when it loads, and kept with it.
+(HiFT) is built with every constant inside the package (`extra["constants_in_so"]`).
 
 The CFM is compiled as one Euler step (`extra["cfm_step"]`) and replayed n times by
 `EulerReplay`. On CUDA an engine whose graph inputs are small enough (`graph_max_bytes`) is
@@ -39,7 +37,6 @@ from c2w.runtime.engines.base import ArtifactInfo, Backend, Engine, torch_dtype
 from c2w.runtime.engines.graphs import CapturedCall, GraphPool, as_list
 from c2w.runtime.engines.solve_graphs import SOLVE_GRAPHS, SolveGraphs
 from c2w.runtime.errors import C2WUserError
-from c2w.runtime.model.encoder import BOUND_POSITIONS, bound_position_tables
 from c2w.runtime.ring import RingCache, logical
 from c2w.runtime.model.dit import euler_schedule
 from c2w.runtime.trim import CacheTrim
@@ -293,12 +290,8 @@ def bind_constants(runner, info: ArtifactInfo, weights: Mapping[str, torch.Tenso
                    device: torch.device) -> dict[str, torch.Tensor] | None:
     """Bind the shared weights to `runner`'s constants (user-managed: no copy) and return the
     table, which must outlive the runner; None for a package with its constants inside its .so."""
-    extra = info.extra or {}
-    if extra.get("constants_in_so"):
+    if (info.extra or {}).get("constants_in_so"):
         return None
-    if extra.get(BOUND_POSITIONS):
-        # an encoder built with its position tables as constants: made here for the key's windows
-        weights = {**weights, **bound_position_tables(weights, extra[BOUND_POSITIONS])}
     table, missing = {}, []
     for fqn in runner.get_constant_fqns():
         t = weights.get(fqn)
@@ -308,7 +301,7 @@ def bind_constants(runner, info: ArtifactInfo, weights: Mapping[str, torch.Tenso
             table[fqn] = t if t.device == device else t.to(device)
     if missing:
         raise RuntimeError(f"{len(missing)} constants have no shared tensor, e.g. {missing[:4]}")
-    check_layout(table, extra.get("constant_strides", {}))
+    check_layout(table, (info.extra or {}).get("constant_strides", {}))
     runner.load_constants(table, check_full_update=True, user_managed=True)
     return table
 

@@ -22,9 +22,7 @@ Pipeline of one chunk (B streams, N tokens of which the last `pre_lookahead` are
     -> LayerNorm                                                                 -> h (B, T, D)
 
 The relative position table (1, 10006, D) fp32 is a non-persistent buffer; an exported graph carries
-it whole as a constant (20.5 MB at D=512) and slices it with static bounds. Each block projects the
-window it reads through its `linear_pos`; those projected tables depend only on the chunk's shape
-and the weights, so an exact-shape engine may take them as constants instead (BOUND_POSITIONS).
+it whole as a constant (20.5 MB at D=512) and slices it with static bounds.
 
 Cache layouts (kept bit-for-bit as upstream lays them out, so caches are interchangeable):
     cnn_cache (B, D, 2 + 2*stride): [lookahead conv tail (2) | upsample conv tail (2*stride)]
@@ -61,16 +59,6 @@ def position_rows(queries: int, keys: int) -> int:
     queries + keys - 1 rounded up to a multiple of POSITION_ALIGN (ints, or expressions of the
     dynamic dims in a dynamic export)."""
     return (queries + keys - 1 + POSITION_ALIGN - 1) // POSITION_ALIGN * POSITION_ALIGN
-
-
-def position_windows(cfg: EncoderConfig, n_tokens: int, frames: int, last_chunk: bool
-                     ) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(queries, keys) of each stack's attention for a chunk of `n_tokens` tokens (lookahead
-    included) after `frames` cached frames: the first stack's at 25 Hz over half of the cache,
-    then the second's at 50 Hz over all of it."""
-    t1 = n_tokens if last_chunk else n_tokens - cfg.pre_lookahead
-    t = cfg.up_stride * t1
-    return (t1, frames // 2 + t1), (t, frames + t)
 
 
 def relative_position_table(d_model: int, max_len: int = MAX_POS, spare: int = 0) -> torch.Tensor:
@@ -188,8 +176,8 @@ class _RelPosSelfAttention(PackedQKV):
         b, t, _ = x.shape
         return x.reshape(b, t, self.heads, self.d_k).transpose(1, 2)           # (B, H, t, d_k)
 
-    def _position_scores(self, q_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(q + v) . P for q_rows (B, T, D) against the projected table (H, d_k, W) -> (B, H, T, W).
+    def _position_scores(self, q_rows: torch.Tensor, rel_pos: torch.Tensor) -> torch.Tensor:
+        """(q + v) . P for q_rows (B, T, D) against the table rows rel_pos (1, W, D) -> (B, H, T, W).
 
         One product per head over all B x T query rows (the queries laid out heads-outer), so the
         projected table is read where it is rather than copied once per sequence, as a product
@@ -197,14 +185,14 @@ class _RelPosSelfAttention(PackedQKV):
         b, t, _ = q_rows.shape
         qv = (q_rows.reshape(b, t, self.heads, self.d_k) + self.pos_bias_v)             # (B, T, H, d_k)
         qv = qv.permute(2, 0, 1, 3).reshape(self.heads, b * t, self.d_k)
-        return torch.matmul(qv, positions).reshape(self.heads, b, t, -1).transpose(0, 1)
+        p = self.linear_pos(rel_pos).reshape(-1, self.heads, self.d_k).permute(1, 2, 0)  # (H, d_k, W)
+        return torch.matmul(qv, p).reshape(self.heads, b, t, -1).transpose(0, 1)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor | None
+    def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, T, D) queries (already normalised); cache: (B, H, C, 2*d_k) or None;
-        positions: (H, d_k, W), the table rows for relative positions +(C+T-1) down through
-        linear_pos, W >= C + 2T - 1 (project_positions of window_rows).
-        Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
+        rel_pos: (1, W, D) table rows for relative positions +(C+T-1) down, W >= C + 2T - 1
+        (ConformerEncoder._rel_pos). Returns (B, T, D) and the new cache (B, H, C + T, 2*d_k)."""
         b, t, d = x.shape
         rows = self.project(x)
         q, k, v = (self._heads(y) for y in rows)
@@ -214,7 +202,7 @@ class _RelPosSelfAttention(PackedQKV):
         new_cache = torch.cat([k, v], dim=3)
         s = k.shape[2]                                                          # keys: C + T
 
-        position = _align_relative(self._position_scores(rows[0], positions), s)  # (B,H,T,S)
+        position = _align_relative(self._position_scores(rows[0], rel_pos), s)   # (B,H,T,S)
         q_u = q + self.pos_bias_u.unsqueeze(1)
         if b * t >= FUSED_ATTENTION_ROWS:       # its scale, 1/sqrt(d_k), applies to q_u . k only
             y = F.scaled_dot_product_attention(q_u.contiguous(), k, v, attn_mask=position / math.sqrt(self.d_k))
@@ -222,60 +210,6 @@ class _RelPosSelfAttention(PackedQKV):
             content = torch.matmul(q_u, k.transpose(2, 3))                      # (B,H,T,S)
             y = torch.matmul(torch.softmax((content + position) / math.sqrt(self.d_k), dim=-1), v)
         return self.linear_out(y.transpose(1, 2).reshape(b, t, d)), new_cache
-
-
-def project_positions(rel_pos: torch.Tensor, linear_pos: torch.Tensor, heads: int) -> torch.Tensor:
-    """A block's position table: the window's rows rel_pos (1, W, D) through its `linear_pos`
-    weight (D, D), per head: (H, d_k, W), a view of the (W, D) product."""
-    return F.linear(rel_pos, linear_pos).reshape(rel_pos.shape[1], heads, -1).permute(1, 2, 0)
-
-
-def window_rows(pos_table: torch.Tensor, queries: int, keys: int) -> torch.Tensor:
-    """Table rows for relative offsets +(keys-1) down, `position_rows(queries, keys)` of them:
-    (1, W, D).
-
-    Upstream slices the full +-(keys-1) window and discards the right part after its skew;
-    rows below -(queries-1) are never read (_align_relative), so we project only the spare rows
-    the alignment adds. Static ints (expressions of the dynamic dims in a dynamic export)."""
-    start = MAX_POS - keys                  # the row of offset +(keys-1) (offset 0: MAX_POS - 1)
-    return pos_table[:, start: start + position_rows(queries, keys)]
-
-
-def position_tables(pos_table: torch.Tensor, stacks, windows, heads: int, dtype: torch.dtype
-                    ) -> list[torch.Tensor]:
-    """Every block's projected position table (project_positions), the first stack's blocks
-    first: `stacks` holds each stack's linear_pos weights, `windows` its (queries, keys)."""
-    tables = []
-    for (queries, keys), weights in zip(windows, stacks):
-        rows = window_rows(pos_table, queries, keys).to(dtype)
-        tables += [project_positions(rows, w, heads) for w in weights]
-    return tables
-
-
-# An encoder engine built with its position tables bound (AOTI: units.FlowEncoderBoundUnit) reads
-# block i's as the constant `bound_position_<i>`; its manifest extra holds the two windows under
-# BOUND_POSITIONS, from which the runtime makes the tables at load (bound_position_tables).
-BOUND_POSITIONS = "bound_positions"
-
-
-def bound_position_name(block: int) -> str:
-    return f"bound_position_{block}"
-
-
-def bound_position_tables(weights, windows, prefix: str = "encoder.") -> dict[str, torch.Tensor]:
-    """The constants of an engine built with bound positions, made from the encoder's weights
-    (`weights`: fqn -> tensor, the encoder's under `prefix`, as runtime.verify.unit_weights gives a
-    unit's) for its two windows: {bound_position_<i>: (H, d_k, W), contiguous}."""
-    stacks = []
-    for stack in ("encoders", "up_encoders"):
-        names = []
-        while f"{prefix}{stack}.{len(names)}.self_attn.linear_pos.weight" in weights:
-            names.append(f"{prefix}{stack}.{len(names)}.self_attn.linear_pos.weight")
-        stacks.append([weights[n] for n in names])
-    heads = weights[f"{prefix}encoders.0.self_attn.pos_bias_u"].shape[0]
-    with torch.no_grad():
-        tables = position_tables(weights[prefix + "pos_table"], stacks, windows, heads, stacks[0][0].dtype)
-        return {bound_position_name(i): t.contiguous() for i, t in enumerate(tables)}
 
 
 def _align_relative(scores: torch.Tensor, keys: int) -> torch.Tensor:
@@ -314,9 +248,9 @@ class _ConformerBlock(nn.Module):
         self.norm_ff = nn.LayerNorm(cfg.width, eps=1e-12)
         self.norm_mha = nn.LayerNorm(cfg.width, eps=1e-12)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor | None
+    def forward(self, x: torch.Tensor, rel_pos: torch.Tensor, cache: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        a, new_cache = self.self_attn(self.norm_mha(x), positions, cache)
+        a, new_cache = self.self_attn(self.norm_mha(x), rel_pos, cache)
         x = x + a
         x = x + self.feed_forward(self.norm_ff(x))
         return x, new_cache
@@ -410,15 +344,18 @@ class ConformerEncoder(nn.Module):
                                "Trim the attention cache.")
 
     # ---- compute ------------------------------------------------------------------------------
-    def position_tables(self, windows, dtype: torch.dtype) -> list[torch.Tensor]:
-        """Every block's projected position table for the stacks' (queries, keys) `windows`
-        (position_windows), the first stack's blocks first: (H, d_k, W) each."""
-        stacks = [[b.self_attn.linear_pos.weight for b in blocks] for blocks in (self.encoders, self.up_encoders)]
-        return position_tables(self.pos_table, stacks, windows, self.cfg.heads, dtype)
+    def _rel_pos(self, queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
+        """Table rows for relative offsets +(keys-1) down, `position_rows(queries, keys)` of them:
+        (1, W, D).
+
+        Upstream slices the full +-(keys-1) window and discards the right part after its skew;
+        rows below -(queries-1) are never read (_align_relative), so we project only the spare rows
+        the alignment adds. Static ints (expressions of the dynamic dims in a dynamic export)."""
+        start = MAX_POS - keys                  # the row of offset +(keys-1) (offset 0: MAX_POS - 1)
+        return self.pos_table[:, start: start + position_rows(queries, keys)].to(dtype)
 
     def forward_chunk(self, xs: torch.Tensor, cnn_cache: torch.Tensor | None = None,
-                      att_cache: torch.Tensor | None = None, last_chunk: bool = False,
-                      positions: list[torch.Tensor] | None = None
+                      att_cache: torch.Tensor | None = None, last_chunk: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One streaming step.
 
@@ -426,8 +363,6 @@ class ConformerEncoder(nn.Module):
         cnn_cache: (B, D, 2 + 2*stride) or None (= zeros: start of stream).
         att_cache: (blocks + up_blocks, B, H, C, 2*d_k) with C even, or None (prompt setup, C = 0).
         last_chunk: static. True zero-pads the lookahead so every token is emitted.
-        positions: every block's projected position table for this chunk's shape (position_tables),
-        or None: made here (an engine built at one shape reads them as constants instead).
         Returns h: (B, T, D) with T = stride*(N - pre_lookahead), or stride*N if last_chunk;
         new cnn_cache (B, D, 2 + 2*stride); new att_cache (blocks + up_blocks, B, H, C + T, 2*d_k).
         """
@@ -444,21 +379,23 @@ class ConformerEncoder(nn.Module):
             x = F.pad(x, (0, 0, 0, cfg.pre_lookahead))
         x, new_cnn1 = self.pre_lookahead_layer(x, cnn1)                        # (B, T1, D)
 
-        if positions is None:
-            positions = self.position_tables(position_windows(cfg, xs.shape[1], 2 * half, last_chunk), x.dtype)
+        t1 = x.shape[1]
+        rel_pos = self._rel_pos(t1, half + t1, x.dtype)
         first = []
         for i, block in enumerate(self.encoders):
             cache = None if att_cache is None else att_cache[i, :, :, :half]
-            x, c = block(x, positions[i], cache)
+            x, c = block(x, rel_pos, cache)
             first.append(c)
 
         x, new_cnn2 = self.up_layer(x, cnn2)
         x = self.up_embed(x)                                                    # (B, T, D)
 
+        t = x.shape[1]
+        rel_pos = self._rel_pos(t, 2 * half + t, x.dtype)                      # keys: C + T
         second = []
         for i, block in enumerate(self.up_encoders):
             cache = None if att_cache is None else att_cache[cfg.blocks + i]
-            x, c = block(x, positions[cfg.blocks + i], cache)
+            x, c = block(x, rel_pos, cache)
             second.append(c)
         h = self.after_norm(x)
 

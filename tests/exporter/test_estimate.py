@@ -10,7 +10,7 @@ from c2w.exporter.estimate import (FITTED, PACKAGE_BYTES, FixedSizes, GraphPoolS
                                    key_sizes, pages)
 from c2w.runtime.manifest import read_manifest
 from c2w.runtime.model.config import preset
-from c2w.runtime.units import SPECS, ShapeKey
+from c2w.runtime.units import ShapeKey
 
 MIB = 1 << 20
 FULL = preset("full")
@@ -35,9 +35,9 @@ def test_a_cfm_key_on_its_own_holds_its_step_inputs_outputs_and_per_layer_caches
     act = FITTED.cfm_activation * 1 * 50
     alone = PACKAGE_BYTES + static + pages(outputs) + pages(att) + pages(act)
     assert (pages(outputs), pages(att), pages(act)) == (24 * MIB, 22 * MIB, 2 * MIB)
-    assert GraphPoolSizes(FULL, {}, captured=True).cost(cfm(1, 50, 300), {}) == alone
+    assert GraphPoolSizes(FULL, {}, captured=True).cost(cfm(1, 50, 300), "whole") == alone
     # the process's first graph brings FITTED.first_capture bytes the later ones share
-    assert GraphPoolSizes(FULL, {}).add(cfm(1, 50, 300), {}) == alone + FITTED.first_capture
+    assert GraphPoolSizes(FULL, {}).add(cfm(1, 50, 300), "whole") == alone + FITTED.first_capture
 
 
 def test_an_in_place_cfm_key_holds_its_buffers_and_no_cache_output():
@@ -52,7 +52,7 @@ def test_an_in_place_cfm_key_holds_its_buffers_and_no_cache_output():
     alone = PACKAGE_BYTES + static + pages(outputs) + pages(pads) + pages(act)
     assert (pages(outputs), pages(pads), pages(act)) == (2 * MIB, 4 * MIB, 2 * MIB)
     assert estimate_bytes(FULL, cfm(1, 50, 300), "aoti", "cuda:0") == alone
-    assert GraphPoolSizes(FULL, {}, captured=True).cost(cfm(1, 50, 300), {"step_att": "in_place"}) == alone
+    assert GraphPoolSizes(FULL, {}, captured=True).cost(cfm(1, 50, 300), "in_place") == alone
 
 
 def replay(run: str, workspace_mib: int = 0) -> dict[str, tuple[str, int, int]]:
@@ -65,20 +65,6 @@ def replay(run: str, workspace_mib: int = 0) -> dict[str, tuple[str, int, int]]:
 
 def close(fit: dict) -> list[str]:
     return [i for i, (_, meas, est) in fit.items() if estimate_fit.within(est, meas, 0.15, 8 * MIB)]
-
-
-@pytest.mark.parametrize("B, N, C, rows", [(1, 28, 300, (200, 400)), (32, 78, 400, (352, 704))])
-def test_an_encoder_key_keeps_its_projected_position_tables_beside_its_package(B, N, C, rows):
-    """The AOTI encoder engine reads one (heads, d_k, rows) float16 table per block (6 blocks at
-    25 Hz over C/2 + T1 keys, 4 at 50 Hz over C + T; rows: queries + keys - 1 rounded up to 8):
-    at B=1 N=28 C=300 2.7 MiB, at B=32 N=78 C=400 4.7 MiB, counted with the package whether the
-    key is captured or not."""
-    key = ShapeKey.named("flow_encoder", "float16", B=B, N=N, C=C, last=0)
-    tables = (6 * rows[0] + 4 * rows[1]) * 8 * 64 * 2
-    assert estimate.bound_table_bytes(FULL, key) == tables
-    spec = SPECS["flow_encoder"]
-    static = estimate.nbytes(list(spec.input_shapes(FULL, key)), list(spec.input_dtypes(key)))
-    assert key_cost(FULL, key, {}).own == PACKAGE_BYTES + tables + static
 
 
 def test_the_estimate_follows_the_h200_measurement_of_h200_yaml():

@@ -25,7 +25,7 @@ from c2w.runtime.errors import C2WUserError
 from c2w.runtime.ring import RingCache
 from c2w.runtime.serving import plan_batches
 from c2w.runtime.slots import ServerFullError
-from c2w.runtime.units import SPECS, CFMStepUnit, EagerRunner, ShapeKey, rel_l2
+from c2w.runtime.units import SPECS, EagerRunner, ShapeKey, rel_l2
 from tests.conftest import PCM_TOL, SETUP_B1
 
 pytestmark = pytest.mark.slow
@@ -283,7 +283,7 @@ class SolveGraphedCFM:
     resident batch's ring handed back is solved by one captured graph of the whole solve."""
 
     def __init__(self, runner, model, cuda):
-        unit = CFMStepUnit(model).eval()
+        unit = SPECS["cfm"].export_variant.build(model).eval()
         self.step = cuda.kernel(lambda *a: torch.no_grad()(unit)(*a))
         self.runner, self.steps, self.replays = runner, model.cfg.n_timesteps, {}
 

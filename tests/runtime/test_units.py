@@ -80,7 +80,7 @@ def test_the_in_place_step_replayed_is_the_whole_solve(model, key):
     assert inputs[5].shape[-2] == key.dim("L")
     with torch.no_grad():
         want = spec.build(model, key)(*inputs)
-        step = spec.export_variant.build(model, key)
+        step = spec.export_variant.build(model)
         got = EulerReplay(step, cfg.n_timesteps, torch.device("cpu"), "in_place")(*inputs)
     assert [t.shape for t in got] == [t.shape for t in want]
     for name, a, b in zip(spec.output_names, got, want):
@@ -106,7 +106,7 @@ def test_a_stream_solved_in_place_chunk_after_chunk_is_the_eager_stream(model):
     g = torch.Generator().manual_seed(5)
     first = spec.example_inputs(cfg, key)
     with torch.no_grad():
-        unit, step = spec.build(model, key), spec.export_variant.build(model, key)
+        unit, step = spec.build(model, key), spec.export_variant.build(model)
         replay = EulerReplay(step, cfg.n_timesteps, torch.device("cpu"), "in_place")
         want_att, got_att, buffers = first[5], first[5], []
         for chunk in range(4):
@@ -127,12 +127,12 @@ def test_a_stream_solved_in_place_chunk_after_chunk_is_the_eager_stream(model):
     assert [b.shape[-2] for b in buffers] == [120, 142, 142] and buffers[2] is buffers[1]   # chunk 3: in place
 
 
-def test_the_cfms_export_variant_is_one_in_place_euler_step(model):
-    assert SPECS["hift"].export_variant is None
+def test_only_the_cfm_has_an_export_variant_one_in_place_euler_step(model):
+    assert SPECS["flow_encoder"].export_variant is None and SPECS["hift"].export_variant is None
     variant = SPECS["cfm"].export_variant
     cfg = model.cfg
-    assert variant.extra(cfg, CFM) == {"cfm_step": True, "n_steps": cfg.n_timesteps, "step_att": "in_place"}
-    assert isinstance(variant.build(model, CFM), CFMStepUnit)
+    assert variant.extra(cfg) == {"cfm_step": True, "n_steps": cfg.n_timesteps, "step_att": "in_place"}
+    assert isinstance(variant.build(model), CFMStepUnit)
     inputs = SPECS["cfm"].example_inputs(cfg, CFM)
     T, L = inputs[0].shape[2], inputs[5].shape[-2]
     step = variant.inputs(cfg, inputs)
@@ -144,41 +144,6 @@ def test_the_cfms_export_variant_is_one_in_place_euler_step(model):
     for i, buffer in enumerate(step[8:]):                     # step 0's att cache, block i, after T slots
         assert buffer.shape[-2] == T + L and buffer.is_contiguous()
         assert torch.equal(buffer[..., T:, :], inputs[5][0, i])
-
-
-@pytest.mark.parametrize("key", [ENC, ENC_LAST, ENC.with_dims(B=1, N=10, C=0)],
-                         ids=["steady", "last", "setup"])
-def test_the_encoders_export_variant_reads_its_position_tables_as_constants(model, key):
-    """AOTI builds the encoder with its blocks' projected position tables as constants of the
-    key: the variant computes what the unit computes (the same ops on the same values, CPU: bit for
-    bit), its graph reads the tables and no longer the position table or linear_pos, and the
-    tables the runtime makes at load from the shared weights (bound_position_tables, for the
-    windows the manifest extra records) are the variant's, bit for bit."""
-    from c2w.runtime.model.encoder import BOUND_POSITIONS, bound_position_tables
-    from c2w.runtime.units import FlowEncoderBoundUnit
-    from c2w.runtime.verify import unit_weights
-    spec, cfg = SPECS["flow_encoder"], model.cfg
-    n, c, last = key.dim("N"), key.dim("C"), key.dim("last")
-    t1 = n if last else n - cfg.encoder.pre_lookahead
-    windows = spec.export_variant.extra(cfg, key)[BOUND_POSITIONS]
-    assert windows == [[t1, c // 2 + t1], [2 * t1, c + 2 * t1]]
-    unit, bound = spec.build(model, key).eval(), spec.export_variant.build(model, key).eval()
-    assert isinstance(bound, FlowEncoderBoundUnit)
-    inputs = spec.example_inputs(cfg, key)
-    with torch.no_grad():
-        for a, b in zip(bound(*inputs), unit(*inputs)):
-            assert torch.equal(a, b)
-    made = bound_position_tables(unit_weights(unit), windows)
-    blocks = cfg.encoder.blocks + cfg.encoder.up_blocks
-    assert sorted(made) == sorted(f"bound_position_{i}" for i in range(blocks))
-    for name, table in made.items():
-        assert table.is_contiguous() and torch.equal(table, getattr(bound, name))
-    ep = torch.export.export(bound, tuple(inputs), strict=False)
-    sig = ep.graph_signature
-    fqns = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
-    read = {fqns[n.name] for n in ep.graph.nodes if n.op == "placeholder" and n.name in fqns and n.users}
-    assert set(made) <= read
-    assert not [f for f in read if "linear_pos" in f or "pos_table" in f]
 
 
 @pytest.mark.parametrize("L", [0, 10])

@@ -131,7 +131,7 @@ def test_an_engine_that_solves_resident_rings_in_graphs_is_checked_as_a_steady_s
     model = load_model("random:tiny")
     key = ShapeKey.named("cfm", "float32", B=1, T=4, L=100)
     spec = SPECS["cfm"]
-    unit = spec.export_variant.build(model, key).eval()
+    unit = spec.export_variant.build(model).eval()
     step = cuda.kernel(lambda *a: torch.no_grad()(unit)(*a))     # as a package runs it: no autograd
 
     def entry():

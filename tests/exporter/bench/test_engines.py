@@ -431,7 +431,7 @@ def test_a_steady_stream_is_served_from_the_solve_graph_of_its_ring(monkeypatch)
     cuda, cpu = fake_cuda(monkeypatch), torch.device("cpu")
     model = load_model("random:tiny")
     key, spec = ShapeKey.named("cfm", "float32", B=1, T=4, L=100), SPECS["cfm"]
-    unit = spec.export_variant.build(model, key).eval()
+    unit = spec.export_variant.build(model).eval()
     replay = EulerReplay(cuda.kernel(lambda *a: torch.no_grad()(unit)(*a)), model.cfg.n_timesteps, cpu,
                          "in_place", solve_graphs=2)
     eng = AOTIEngine(info_for("cfm", (1, 4, 100), "float32", "tiny"), replay, cpu, [])

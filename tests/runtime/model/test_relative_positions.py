@@ -8,8 +8,7 @@ import torch
 
 from c2w.runtime.model.config import TINY
 from c2w.runtime.model.encoder import (MAX_POS, POSITION_ALIGN, ConformerEncoder, _align_relative,
-                                       _RelPosSelfAttention, project_positions, relative_position_table,
-                                       window_rows)
+                                       _RelPosSelfAttention, relative_position_table)
 
 
 def skew_by_index(scores: torch.Tensor, keys: int) -> torch.Tensor:
@@ -31,7 +30,7 @@ def test_the_skew_reads_each_key_at_its_offset_whatever_the_spare_columns(querie
                                            (1, MAX_POS), (300, MAX_POS), (MAX_POS, MAX_POS)])
 def test_a_chunk_reads_an_aligned_window_starting_at_its_oldest_key(queries, keys):
     enc = ConformerEncoder(TINY.encoder)
-    rows = window_rows(enc.pos_table, queries, keys)
+    rows = enc._rel_pos(queries, keys, torch.float32)
     width = rows.shape[1]
     assert width % POSITION_ALIGN == 0 and queries + keys - 1 <= width < queries + keys - 1 + POSITION_ALIGN
     table = enc.pos_table[0]
@@ -54,8 +53,7 @@ def test_the_position_term_is_one_product_per_head_over_every_query_row():
     which the libraries take as a copy of the table per sequence."""
     attn = _RelPosSelfAttention(32, 4).eval()
     b, t, cached, width = 3, 5, 6, 16
-    positions = project_positions(torch.randn(1, width, 32), attn.linear_pos.weight, 4)     # (4, 8, width)
-    args = (torch.randn(b, t, 32), positions, torch.randn(b, 4, cached, 16))
+    args = (torch.randn(b, t, 32), torch.randn(1, width, 32), torch.randn(b, 4, cached, 16))
     graph = torch.export.export(attn, args).run_decompositions().graph
     products = [tuple(n.meta["val"].shape) for n in graph.nodes if n.target is torch.ops.aten.bmm.default]
     assert [s for s in products if s[-1] == width] == [(4, b * t, width)]
