@@ -5,7 +5,12 @@ directory that `c2w export` (or benchmarks/h200/run.sh) built and profiles the e
 runtime loads them, for any unit: the encoder and HiFT have no proxy. Per key: the engine is
 loaded without CUDA graphs (a graph replay hides its kernels' launches, not their time: the
 table is the GPU time a perfect launcher would leave), run `--warmup` times on the unit's
-example inputs, then profiled over one call (for the CFM: the whole 10-step solve).
+example inputs, then profiled over one call (for the CFM: the whole 10-step solve). A CFM engine
+that takes its cache as a ring (AOTI's in-place step) is run as a steady stream serves it
+(exporter.bench.engines.steady_call: each call handed the ring the last one returned, trimmed):
+handed the example cache instead, its replay would first lay that cache out in a ring, one copy
+of the whole cache (8.4 GB at B=32 T=150 L=400, 4.4 ms of run 29's table), which a steady
+stream never pays. The JSON's "call" says which.
 
 Usage (device): python3 benchmarks/h200/engine_kernels.py DIR KEY_ID [KEY_ID ...] --out $OUT
 Writes $OUT/engine_kernels_<KEY_ID>.json with the "profile" object that kernel_classes.py
@@ -26,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def profile_keys(directory: Path, key_ids: list[str], out: Path, warmup: int = 3) -> list[dict]:
     import torch
     from benchmarks.h200.kernel_classes import profile_kernels
+    from c2w.exporter.bench.engines import STREAM_WARMUP, steady_call
     from c2w.runtime.engines import get_backend
     from c2w.runtime.manifest import model_from_manifest, read_manifest
     from c2w.runtime.units import SPECS, EagerRunner
@@ -45,16 +51,19 @@ def profile_keys(directory: Path, key_ids: list[str], out: Path, warmup: int = 3
         engine = backend.load(artifact_info(directory, entries[key_id], model.cfg),
                               unit_weights(eager.unit(key)), device)
         inputs = SPECS[key.component].example_inputs(model.cfg, key, seed=1, device=device)
-        for _ in range(warmup):
-            engine.run(inputs)
+        call = steady_call(engine, key, inputs)
+        steady = call is not None
+        call = call or (lambda: engine.run(inputs))
+        for _ in range(max(warmup, STREAM_WARMUP) if steady else warmup):
+            call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        prof = profile_kernels(lambda: engine.run(inputs)) if device.type == "cuda" else None
+        prof = profile_kernels(call) if device.type == "cuda" else None
         res = {"key": key_id, "backend": manifest.backend.name, "device": manifest.device,
                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "commit": os.environ.get("C2W_COMMIT", ""), "profile_s": round(time.perf_counter() - t0, 2),
-               "profile": prof}
+               "call": "steady stream" if steady else "example inputs", "profile": prof}
         engine.release()
         (out / f"engine_kernels_{key_id}.json").write_text(json.dumps(res, indent=1))
         results.append(res)

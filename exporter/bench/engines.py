@@ -272,6 +272,18 @@ def steady_stream(eng, key, inputs, device: torch.device, warmup: int, reps: int
     it out in a ring of the engine's own, hence at least STREAM_WARMUP untimed ones. The outputs
     are not compared: each call attends to the cache the last one left, not to the key's example
     cache. None for other engines, and for a cache too short to trim back (L < 100)."""
+    call = steady_call(eng, key, inputs)
+    if call is None:
+        return None
+    out = timed(call, device, max(warmup, STREAM_WARMUP), reps)
+    if eng.solve_graphs is not None:
+        out["solve_graphs"] = eng.solve_graphs.counts()
+    return out
+
+
+def steady_call(eng, key, inputs):
+    """One chunk of `steady_stream`'s stream per call (a closure over the ring the last call
+    returned), or None where it times no stream. Its first STREAM_WARMUP calls are not yet steady."""
     L = key.dim("L") if key.component == "cfm" else 0
     if not eng.takes_rings or L < KEEP_RECENT:
         return None
@@ -279,10 +291,7 @@ def steady_stream(eng, key, inputs, device: torch.device, warmup: int, reps: int
 
     def call():
         state["cache"] = eng.run(list(inputs[:5]) + [state["cache"]], trim)[2]
-    out = timed(call, device, max(warmup, STREAM_WARMUP), reps)
-    if eng.solve_graphs is not None:
-        out["solve_graphs"] = eng.solve_graphs.counts()
-    return out
+    return call
 
 
 def _failure(exc: Exception, what: str, key_id: str, artifact_dir: Path) -> str:
