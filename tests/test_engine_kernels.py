@@ -18,8 +18,9 @@ def test_built_keys_are_loaded_run_and_recorded(ort_artifacts, tmp_path):
 
 
 def test_an_engine_that_takes_rings_is_profiled_as_a_steady_stream_serves_it(ort_artifacts, tmp_path, monkeypatch):
-    """A CFM engine taking its cache as a ring gets, in its warmup and its profiled call, the ring
-    the call before returned, not the example cache (which its replay would lay out anew)."""
+    """A CFM engine taking its cache as a ring gets, in its warmup (and on CUDA in its profiled
+    call), the ring the call before returned, not the example cache (which its replay would lay
+    out anew)."""
     from c2w.runtime import engines
     from c2w.runtime.ring import RingCache
     key = next(e.id for e in read_manifest(ort_artifacts).entries if e.status == "built" and e.component == "cfm")
